@@ -1,0 +1,83 @@
+"""prefit's core library: fit long LLM conversations into a model's input window."""
+
+from shared.counters import (
+    CalibratedCounter,
+    HeuristicCounter,
+    MemoryRatios,
+    RatioStore,
+    TiktokenCounter,
+    TokenCounter,
+)
+from shared.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    DoesNotFit,
+    InvalidTranscript,
+    LeaseLost,
+    LengthMismatch,
+    LLMError,
+    NotFound,
+    PrefitError,
+    RetryableLLMError,
+    StoreUnavailable,
+    TooLarge,
+    Unauthorized,
+    UnknownModel,
+)
+from shared.hashing import prefix_hash, prefix_hashes
+from shared.llm import Completion, LLMClient
+from shared.messages import Message, ToolSpec, groups, validate
+from shared.policy import ContextPolicy, Prepared, SummaryPlan
+from shared.strategies import (
+    ClearToolResults,
+    DropOldest,
+    Strategy,
+    Summarize,
+    TruncateToolResults,
+    Work,
+)
+from shared.summaries import SummaryBook, SummaryRecord
+from shared.summarizers import Summarizer
+
+__all__ = [
+    "CalibratedCounter",
+    "ClearToolResults",
+    "Completion",
+    "ConfigError",
+    "ContextLengthExceeded",
+    "ContextPolicy",
+    "DoesNotFit",
+    "DropOldest",
+    "HeuristicCounter",
+    "InvalidTranscript",
+    "LLMClient",
+    "LLMError",
+    "LeaseLost",
+    "LengthMismatch",
+    "MemoryRatios",
+    "Message",
+    "NotFound",
+    "PrefitError",
+    "Prepared",
+    "RatioStore",
+    "RetryableLLMError",
+    "StoreUnavailable",
+    "Strategy",
+    "Summarize",
+    "Summarizer",
+    "SummaryBook",
+    "SummaryPlan",
+    "SummaryRecord",
+    "TiktokenCounter",
+    "TokenCounter",
+    "TooLarge",
+    "ToolSpec",
+    "TruncateToolResults",
+    "Unauthorized",
+    "UnknownModel",
+    "Work",
+    "groups",
+    "prefix_hash",
+    "prefix_hashes",
+    "validate",
+]

@@ -1,0 +1,264 @@
+"""Token counters: what a request will cost in prompt tokens, cheap enough to run on every call.
+
+A message counts `per_message` (the chat format's framing) plus its role, content, `name`,
+`tool_call_id` and each tool call's name and arguments, plus `per_tool_call` per call and
+`NON_TEXT_PART_TOKENS` per non-text content part (an image, audio, a file). A request counts
+its messages, its tool specs (their canonical JSON) and the counter's `priming`:
+
+    count(messages, tools) == sum(count_message(m) for m in messages) + count_tools(tools) + priming
+
+Per-message counts are cached by content (`message_key`), never by object identity, in a
+bounded `CountCache`, so counting a transcript that grew by one message tokenizes only the
+new message; the rest is one dictionary lookup per message. Calibration (`CalibratedCounter`,
+`RatioStore`, ...) lives in shared/calibration.py and is re-exported here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, cast
+
+from shared.calibration import (
+    NO_MODEL,
+    CalibratedCounter,
+    MemoryRatios,
+    RatioStore,
+    ScaledCounter,
+    smoothed,
+)
+from shared.countcache import (
+    CountCache,
+    Key,
+    KeyFields,
+    checked_key,
+    fields,
+    message_key,
+    missing,
+)
+from shared.encodings import load_encoding
+from shared.errors import ConfigError, InvalidTranscript
+from shared.messages import Message, ToolSpec
+
+__all__ = [
+    "NON_TEXT_PART_TOKENS",
+    "NO_MODEL",
+    "CalibratedCounter",
+    "CountCache",
+    "HeuristicCounter",
+    "MemoryRatios",
+    "RatioStore",
+    "ScaledCounter",
+    "TiktokenCounter",
+    "TokenCounter",
+    "message_key",
+    "smoothed",
+    "tools_json",
+]
+
+# Any non-text part (image, audio, file) counts this much: the most one image costs on the
+# major providers (Anthropic caps an image near 1,600 tokens; OpenAI's high-detail gpt-4o
+# images stay under 1,105). Erring high is the safe direction for a budget.
+NON_TEXT_PART_TOKENS = 1600
+
+
+class TokenCounter(Protocol):
+    """Counts the prompt tokens of messages plus tool specs."""
+
+    def count(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
+    ) -> int:
+        """Tokens for sending `messages` with `tools` to `model`."""
+        ...
+
+    def count_message(self, message: Message, model: str | None = None) -> int:
+        """Tokens of one message, overheads included (cached by content)."""
+        ...
+
+    def count_tools(self, tools: Sequence[ToolSpec], model: str | None = None) -> int:
+        """Tokens of the tool specs."""
+        ...
+
+
+class _CachedCounter(ABC):
+    """A counter whose per-message count is a pure function of `message_key(message)`."""
+
+    priming = 0  # tokens added once per request (the reply's start)
+
+    def __init__(self, cache: CountCache | None) -> None:
+        self.cache = cache if cache is not None else CountCache()
+
+    @abstractmethod
+    def _measure(self, parts: KeyFields) -> int:
+        """Tokens of one message given its counted fields."""
+
+    @abstractmethod
+    def _tools_tokens(self, spec_json: str) -> int:
+        """Tokens of the canonical JSON of a request's tool specs."""
+
+    def count(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
+    ) -> int:
+        """Tokens for sending `messages` with `tools`: cached messages cost one lookup each."""
+        keys = _keys(messages)
+        try:
+            values = self.cache.get_many(keys)
+            if None in values:
+                for i in missing(values):
+                    values[i] = self._cached_measure(keys[i])
+        except (TypeError, InvalidTranscript):  # a field of a wrong type: say which message
+            raise _fault(messages) from None
+        return sum(cast(list[int], values)) + self.count_tools(tools, model) + self.priming
+
+    def count_message(self, message: Message, model: str | None = None) -> int:
+        """Tokens of one message, overheads included (cached by content)."""
+        try:
+            key = message_key(message)
+            found = self.cache.get_many([key])[0]
+            return found if found is not None else self._cached_measure(key)
+        except (AttributeError, TypeError, InvalidTranscript):
+            fields(checked_key(message))  # raises the precise reason
+            raise
+
+    def count_tools(self, tools: Sequence[ToolSpec], model: str | None = None) -> int:
+        """Tokens of the tool specs: their canonical JSON; 0 when there are none."""
+        return self._tools_tokens(tools_json(tools)) if tools else 0
+
+    def _cached_measure(self, key: Key) -> int:
+        value = self._measure(fields(key))
+        self.cache.put(key, value)
+        return value
+
+
+class HeuristicCounter(_CachedCounter):
+    """chars / chars_per_token (rounded up) plus fixed per-message and per-tool-call overheads.
+
+    3.5 characters per token errs on the high side for English prose and is about right for
+    code and JSON: it over-counts a little, the safe direction for a budget. No priming.
+    """
+
+    def __init__(
+        self,
+        chars_per_token: float = 3.5,
+        per_message: int = 4,
+        per_tool_call: int = 8,
+        *,
+        cache: CountCache | None = None,
+    ) -> None:
+        if isinstance(chars_per_token, bool) or not isinstance(chars_per_token, int | float):
+            raise ConfigError(f"chars_per_token must be a number, got {chars_per_token!r}")
+        if not math.isfinite(chars_per_token) or chars_per_token <= 0:
+            raise ConfigError(f"chars_per_token must be a finite number > 0, got {chars_per_token}")
+        self.chars_per_token = float(chars_per_token)
+        self.per_message = _overhead("per_message", per_message)
+        self.per_tool_call = _overhead("per_tool_call", per_tool_call)
+        super().__init__(cache)
+
+    def __repr__(self) -> str:
+        return (
+            f"HeuristicCounter(chars_per_token={self.chars_per_token}, "
+            f"per_message={self.per_message}, per_tool_call={self.per_tool_call})"
+        )
+
+    def _chars(self, n: int) -> int:
+        return math.ceil(n / self.chars_per_token)
+
+    def _measure(self, parts: KeyFields) -> int:
+        return (
+            self.per_message
+            + self._chars(sum(map(len, parts.texts)))
+            + self.per_tool_call * parts.calls
+            + NON_TEXT_PART_TOKENS * parts.non_text
+        )
+
+    def _tools_tokens(self, spec_json: str) -> int:
+        return self._chars(len(spec_json))
+
+
+class TiktokenCounter(_CachedCounter):
+    """Exact token counts of the text with a tiktoken encoding, plus the chat format's framing.
+
+    Framing, after OpenAI's cookbook (which uses 3 per message, 1 per `name`, 3 of priming):
+    `per_message` per message (4 by default, as the reference: one token of margin), 1 more
+    when a message has a `name`, `per_tool_call` per tool call (an estimate: no OpenAI ground
+    truth to fit it), and `priming` = 3 per request for the reply's `<|start|>assistant<|message|>`.
+    Other providers tokenize differently: wrap it in a `CalibratedCounter` for them.
+    """
+
+    priming = 3
+    name_tokens = 1
+
+    def __init__(
+        self,
+        encoding: str = "o200k_base",
+        per_message: int = 4,
+        *,
+        per_tool_call: int = 8,
+        directory: Path | None = None,
+        cache: CountCache | None = None,
+    ) -> None:
+        self.per_message = _overhead("per_message", per_message)
+        self.per_tool_call = _overhead("per_tool_call", per_tool_call)
+        self.encoding = load_encoding(encoding, directory)
+        super().__init__(cache)
+
+    def __repr__(self) -> str:
+        return (
+            f"TiktokenCounter(encoding={self.encoding.name!r}, per_message={self.per_message}, "
+            f"per_tool_call={self.per_tool_call})"
+        )
+
+    def tokens(self, text: str) -> int:
+        """Tokens of plain text (special-token markers in it count as ordinary text)."""
+        return len(self.encoding.encode_ordinary(text)) if text else 0
+
+    def _measure(self, parts: KeyFields) -> int:
+        return (
+            self.per_message
+            + sum(map(self.tokens, parts.texts))
+            + (self.name_tokens if parts.named else 0)
+            + self.per_tool_call * parts.calls
+            + NON_TEXT_PART_TOKENS * parts.non_text
+        )
+
+    def _tools_tokens(self, spec_json: str) -> int:
+        key = (spec_json,)  # 1-tuples never collide with message keys (2 or 5 items)
+        found = self.cache.get_many([key])[0]
+        if found is None:
+            found = self.tokens(spec_json)
+            self.cache.put(key, found)
+        return found
+
+
+def tools_json(tools: Sequence[ToolSpec]) -> str:
+    """The canonical JSON of tool specs that both counters measure."""
+    try:
+        return json.dumps(list(tools), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidTranscript(f"tool specs are not JSON: {exc}") from None
+
+
+def _keys(messages: Sequence[Message]) -> list[Key]:
+    try:
+        return list(map(message_key, messages))
+    except (AttributeError, TypeError, InvalidTranscript):
+        raise _fault(messages) from None
+
+
+def _fault(messages: Sequence[Message]) -> InvalidTranscript:
+    """The first malformed message, found the slow way (only once counting has failed)."""
+    for i, m in enumerate(messages):
+        try:
+            fields(checked_key(m))
+        except InvalidTranscript as exc:
+            return InvalidTranscript(exc.reason, i)
+    return InvalidTranscript("a message changed while it was being counted")
+
+
+def _overhead(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+    return value

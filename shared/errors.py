@@ -1,0 +1,94 @@
+"""The one error tree: everything prefit raises on purpose derives from `PrefitError`."""
+
+from __future__ import annotations
+
+
+class PrefitError(Exception):
+    """Base class of every error prefit raises on purpose."""
+
+
+class InvalidTranscript(PrefitError, ValueError):
+    """A transcript (or one of its messages) is malformed; names the index and the reason."""
+
+    def __init__(self, reason: str, index: int | None = None) -> None:
+        self.reason = reason
+        self.index = index
+        where = f"message {index}: " if index is not None else ""
+        super().__init__(f"{where}{reason}")
+
+
+class DoesNotFit(PrefitError):
+    """The head plus the protected recent tail alone exceed the budget."""
+
+    def __init__(
+        self, *, tokens: int, budget: int, head_tokens: int, tail_tokens: int, tools_tokens: int = 0
+    ) -> None:
+        self.tokens = tokens
+        self.budget = budget
+        self.head_tokens = head_tokens
+        self.tail_tokens = tail_tokens
+        self.tools_tokens = tools_tokens
+        super().__init__(
+            f"cannot fit: {tokens} tokens after every strategy, budget {budget} (head "
+            f"{head_tokens} + recent tail {tail_tokens} + tool specs {tools_tokens} tokens "
+            "cannot be cut)"
+        )
+
+
+class ConfigError(PrefitError, ValueError):
+    """A policy, strategy or setting was given an impossible value."""
+
+
+class UnknownModel(PrefitError, LookupError):
+    """A model has no configured window and the request gave none."""
+
+
+class NotFound(PrefitError, LookupError):
+    """A conversation (or other stored object) does not exist for this tenant."""
+
+
+class LengthMismatch(PrefitError):
+    """An append stated an expected length that differs from the stored one."""
+
+    def __init__(self, expected: int, actual: int) -> None:
+        self.expected = expected
+        self.actual = actual
+        super().__init__(f"expected length {expected}, stored length is {actual}")
+
+
+class StoreUnavailable(PrefitError):
+    """Redis (store or broker) cannot be reached right now."""
+
+
+class Unauthorized(PrefitError):
+    """A request carried no API key, or one that matches no tenant."""
+
+
+class TooLarge(PrefitError):
+    """A request exceeds a configured size limit."""
+
+
+class LLMError(PrefitError):
+    """A summarizer provider call failed."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        self.status = status
+        super().__init__(message)
+
+
+class RetryableLLMError(LLMError):
+    """A provider failure worth retrying (429, 5xx, 529, timeouts); may say how long to wait."""
+
+    def __init__(
+        self, message: str, *, status: int | None = None, retry_after: float | None = None
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, status=status)
+
+
+class ContextLengthExceeded(LLMError):
+    """The provider says the summarizer's own input was too long: retry with smaller chunks."""
+
+
+class LeaseLost(PrefitError):
+    """A worker's lease on a conversation expired or was taken; it must not write."""

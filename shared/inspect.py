@@ -1,0 +1,143 @@
+"""`prefit inspect`: show a person what prepare does to a transcript, one cell per turn group."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.errors import PrefitError
+from shared.extractive import ExtractiveSummarizer
+from shared.messages import Message, groups, validate
+from shared.policy import ContextPolicy
+from shared.settings import Settings
+from shared.strategies import Work
+from shared.summaries import SummaryBook
+
+STYLE = {  # fate: (cell, ANSI colour)
+    "head": ("█", "1;37"),
+    "kept": ("█", "32"),
+    "shortened": ("▓", "33"),
+    "cleared": ("▒", "36"),
+    "summarized": ("▚", "35"),
+    "dropped": ("░", "31"),
+}
+
+
+def fates(transcript: list[Message], work: Work) -> list[tuple[int, int, str]]:
+    """(start, end, fate) of every original turn group."""
+    now = {o: m for m, o in zip(work.messages, work.origin, strict=True) if o >= 0}
+    upto = work.summary.upto if work.summary else 0
+    out: list[tuple[int, int, str]] = [(0, work.head_end, "head")] if work.head_end else []
+    for a, b in groups(transcript, work.head_end):
+        kept = [now.get(i) for i in range(a, b)]
+        if all(m is None for m in kept):
+            out.append((a, b, "summarized" if b <= upto else "dropped"))
+        elif kept == transcript[a:b]:
+            out.append((a, b, "kept"))
+        elif any(
+            m is not None and m.get("content") == "[tool result removed to save context]"
+            for m in kept
+        ):
+            out.append((a, b, "cleared"))
+        else:
+            out.append((a, b, "shortened"))
+    return out
+
+
+def _paint(fate: str, color: bool) -> str:
+    cell, code = STYLE[fate]
+    return f"\x1b[{code}m{cell}\x1b[0m" if color else cell
+
+
+def render(
+    transcript: list[Message], work: Work, counter: TokenCounter, *, color: bool, width: int = 80
+) -> str:
+    """The picture: a cell per group, a legend, and token figures per fate."""
+    rows = fates(transcript, work)
+    cells = "".join(_paint(f, color) for _, _, f in rows)
+    lines = [
+        cells[i : i + width * (10 if color else 1)]
+        for i in range(0, len(cells), width * (10 if color else 1))
+    ]
+    before: Counter[str] = Counter()
+    groups_of: Counter[str] = Counter()
+    for a, b, fate in rows:
+        before[fate] += counter.count(transcript[a:b])
+        groups_of[fate] += 1
+    budget = work.limits.budget
+    total_before, total_after = counter.count(transcript, work.tools), work.tokens()
+    out = [
+        f"{len(transcript)} messages, {len(rows)} turn groups; budget {budget} tokens",
+        *lines,
+        "",
+    ]
+    for fate in STYLE:
+        if groups_of[fate]:
+            out.append(
+                f"  {_paint(fate, color)} {fate:<10} {groups_of[fate]:>5} groups "
+                f"{before[fate]:>9} tokens"
+            )
+    out.append(
+        f"tokens: {total_before} before -> {total_after} after "
+        f"(target {work.limits.target}, budget {budget})"
+    )
+    out.append(
+        "applied: "
+        + (", ".join(f"{a['strategy']} (-{a['saved']})" for a in work.applied) or "nothing")
+    )
+    return "\n".join(out)
+
+
+def _load(path: Path) -> tuple[list[Message], list[dict[str, Any]]]:
+    data = json.loads(path.read_text())
+    if isinstance(data, list):
+        return validate(data), []
+    return validate(data.get("messages")), list(data.get("tools") or [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`prefit inspect FILE --window N [--model M] [--counter tiktoken|heuristic]`."""
+    parser = argparse.ArgumentParser(prog="prefit inspect", description=__doc__)
+    parser.add_argument("file", type=Path)
+    parser.add_argument(
+        "--window", type=int, required=True, help="the model's input window in tokens"
+    )
+    parser.add_argument("--model")
+    parser.add_argument("--counter", choices=["tiktoken", "heuristic"], default="heuristic")
+    parser.add_argument("--reserve-output", type=int, default=4096)
+    parser.add_argument("--no-color", action="store_true")
+    args = parser.parse_args(argv)
+    settings = Settings()
+    counter: TokenCounter = (
+        TiktokenCounter(directory=settings.tiktoken_dir)
+        if args.counter == "tiktoken"
+        else HeuristicCounter()
+    )
+    try:
+        transcript, tools = _load(args.file)
+        policy = ContextPolicy(
+            args.window,
+            reserve_output=args.reserve_output,
+            counter=counter,
+            summarizer=ExtractiveSummarizer(),
+        )
+        work = asyncio.run(
+            policy.cut(transcript, tools=tools, model=args.model, book=SummaryBook())
+        )
+    except (PrefitError, OSError, json.JSONDecodeError) as exc:
+        print(f"prefit inspect: {exc}", file=sys.stderr)
+        return 2
+    color = sys.stdout.isatty() and not args.no_color
+    print(render(transcript, work, counter, color=color))
+    if work.tokens() > work.limits.budget:
+        print(
+            "DOES NOT FIT: the head plus the recent tail alone exceed the budget", file=sys.stderr
+        )
+        return 1
+    return 0

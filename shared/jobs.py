@@ -1,0 +1,47 @@
+"""The summary job: what the API enqueues (by task name) and the workers run.
+
+A job carries ids, hashes and sizes only, never message text: the worker reads the
+transcript from the store and checks it is still the one the job was made for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shared.errors import ConfigError
+
+TASK_NAME = "prefit.summarize"
+QUEUE = "summaries"
+PRIORITY_AHEAD = 3  # a summary computed ahead of time
+PRIORITY_STALE = 9  # prepare found it due and not ready: someone may be waiting
+
+
+@dataclass(frozen=True)
+class SummaryJob:
+    """Compute the next summary record of one conversation, if one is due."""
+
+    tenant: str
+    conversation_id: str
+    model: str
+    max_input_tokens: int
+    reserve_output: int
+    length: int  # transcript length the job was planned on
+    prefix_hash: str  # hash of those `length` messages, to detect replaced transcripts
+
+    def to_kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> SummaryJob:
+        try:
+            job = cls(**kwargs)
+        except TypeError as exc:
+            raise ConfigError(f"malformed summary job: {exc}") from None
+        if job.max_input_tokens <= job.reserve_output or job.length < 0:
+            raise ConfigError("summary job has an impossible window or length")
+        return job
+
+    def dedupe_key(self) -> str:
+        """Jobs for the same conversation state collapse into one enqueue."""
+        return f"{self.conversation_id}:{self.prefix_hash}"

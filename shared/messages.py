@@ -1,0 +1,144 @@
+"""Messages in OpenAI chat format: validation, turn groups and the head.
+
+A message is a plain dict, as clients already hold it. A *turn group* is atomic for every
+strategy: an assistant message with `tool_calls` together with the tool results that answer
+it, or any other message on its own. Tool results pair with the assistant message right
+before them, by position: real clients reuse tool-call ids within one conversation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+from shared.errors import InvalidTranscript
+
+Message: TypeAlias = dict[str, Any]
+ToolSpec: TypeAlias = dict[str, Any]
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+HEAD_ROLES = frozenset({"system", "developer"})
+
+
+def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
+    """Half-open index ranges of atomic turn groups from `start`."""
+    out: list[tuple[int, int]] = []
+    i, n = start, len(msgs)
+    while i < n:
+        j = i + 1
+        if msgs[i].get("role") == "assistant" and msgs[i].get("tool_calls"):
+            while j < n and msgs[j].get("role") == "tool":
+                j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:
+    """End of the head: the leading system/developer messages plus the first user message."""
+    i = 0
+    while i < len(msgs) and msgs[i].get("role") in HEAD_ROLES:
+        i += 1
+    if keep_first_user and i < len(msgs) and msgs[i].get("role") == "user":
+        i += 1
+    return i
+
+
+def text_of(message: Mapping[str, Any]) -> str:
+    """The message's text content (text parts joined); empty for null content."""
+    content = message.get("content")
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(
+        str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") == "text"
+    )
+
+
+def validate(transcript: Any) -> list[Message]:
+    """Check a transcript and return it as a list; raise `InvalidTranscript` on the first fault."""
+    if not isinstance(transcript, list | tuple):
+        raise InvalidTranscript(f"transcript must be a list of messages, got {_kind(transcript)}")
+    pending: set[str] | None = None  # ids of the open assistant tool calls, by position
+    for i, m in enumerate(transcript):
+        _check_message(m, i)
+        if m["role"] == "tool":
+            pending = _check_tool_result(m, i, pending)
+        elif m["role"] == "assistant" and m.get("tool_calls"):
+            pending = {c["id"] for c in m["tool_calls"]}
+        else:
+            pending = None
+    return list(transcript)
+
+
+def _check_tool_result(m: Message, i: int, pending: set[str] | None) -> set[str]:
+    if pending is None:
+        raise InvalidTranscript(
+            "tool result does not follow an assistant message with tool_calls", i
+        )
+    tool_call_id = m.get("tool_call_id")
+    if not isinstance(tool_call_id, str) or not tool_call_id:
+        raise InvalidTranscript("tool message needs a non-empty string 'tool_call_id'", i)
+    if tool_call_id not in pending:
+        raise InvalidTranscript(
+            f"tool_call_id {tool_call_id!r} answers no call of the assistant message before it", i
+        )
+    return pending
+
+
+def _check_message(m: Any, i: int) -> None:
+    if not isinstance(m, dict):
+        raise InvalidTranscript(f"message must be an object, got {_kind(m)}", i)
+    role = m.get("role")
+    if role not in ROLES:
+        raise InvalidTranscript(
+            f"unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})", i
+        )
+    _check_content(m.get("content"), i, required=role != "assistant" or not m.get("tool_calls"))
+    if "name" in m and m["name"] is not None and not isinstance(m["name"], str):
+        raise InvalidTranscript("'name' must be a string", i)
+    if "tool_calls" in m and m["tool_calls"] is not None:
+        if role != "assistant":
+            raise InvalidTranscript(
+                f"'tool_calls' is only valid on assistant messages, not {role}", i
+            )
+        _check_tool_calls(m["tool_calls"], i)
+
+
+def _check_content(content: Any, i: int, *, required: bool) -> None:
+    if content is None:
+        if required:
+            raise InvalidTranscript("'content' is missing or null", i)
+        return
+    if isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise InvalidTranscript(
+            f"'content' must be a string, null or a list of parts, got {_kind(content)}", i
+        )
+    for k, part in enumerate(content):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise InvalidTranscript(f"content part {k} must be an object with a string 'type'", i)
+        if part["type"] == "text" and not isinstance(part.get("text"), str):
+            raise InvalidTranscript(f"content part {k} of type 'text' needs a string 'text'", i)
+
+
+def _check_tool_calls(calls: Any, i: int) -> None:
+    if not isinstance(calls, list):
+        raise InvalidTranscript(f"'tool_calls' must be a list, got {_kind(calls)}", i)
+    for k, call in enumerate(calls):
+        if not isinstance(call, dict):
+            raise InvalidTranscript(f"tool call {k} must be an object", i)
+        if not isinstance(call.get("id"), str) or not call["id"]:
+            raise InvalidTranscript(f"tool call {k} needs a non-empty string 'id'", i)
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise InvalidTranscript(f"tool call {k} needs 'function' with a string 'name'", i)
+        args = fn.get("arguments", "")
+        if not isinstance(args, str | dict):
+            raise InvalidTranscript(f"tool call {k}: 'arguments' must be a string", i)
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__

@@ -1,0 +1,352 @@
+"""ContextPolicy: fit a conversation into a model's input window."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.errors import ConfigError, DoesNotFit, UnknownModel
+from shared.hashing import prefix_hash
+from shared.llm import LLMClient
+from shared.messages import Message, ToolSpec, groups, head_end, validate
+from shared.strategies import (
+    ClearToolResults,
+    DropOldest,
+    Limits,
+    Strategy,
+    Summarize,
+    TruncateToolResults,
+    Work,
+)
+from shared.summaries import SummaryBook, SummaryRecord
+from shared.summarize import plan_cut, summary_message
+from shared.summarizers import LLMSummarizer, Summarizer
+
+State = Literal["under", "nearing", "over"]
+
+
+@dataclass
+class Prepared:
+    """The messages to send, and what was done to get them."""
+
+    messages: list[Message]
+    report: dict[str, Any] | None = None
+    new_summaries: list[SummaryRecord] = field(default_factory=list)
+    tokens_spent: int = 0
+    cost: float = 0.0
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """The record a worker should write now: transcript[start:cut], folding `previous`."""
+
+    start: int
+    cut: int
+    previous: SummaryRecord | None
+    prefix_hash: str
+
+
+class ContextPolicy:
+    """Fit conversations into a model's input window (see docs/design.md for the semantics)."""
+
+    def __init__(
+        self,
+        max_input_tokens: int | Callable[[str | None], int],
+        *,
+        reserve_output: int = 4096,
+        trigger: float = 0.85,
+        target: float = 0.6,
+        keep_recent: int = 3,
+        strategies: Sequence[Strategy] | None = None,
+        counter: TokenCounter | None = None,
+        summarizer: LLMClient | Summarizer | None = None,
+        summarizer_model: str | None = None,
+        keep_first_user: bool = True,
+        precompute_at: float = 0.1,
+        keep_tokens_ratio: float = 0.4,
+        chunk_tokens: int = 24000,
+        max_summary_tokens: int = 1200,
+    ) -> None:
+        if not 0.0 < target <= trigger <= 1.0:
+            raise ConfigError(
+                f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}"
+            )
+        if reserve_output < 0 or keep_recent < 1:
+            raise ConfigError("reserve_output must be >= 0 and keep_recent >= 1")
+        if not 0.0 <= precompute_at < trigger:
+            raise ConfigError(f"precompute_at must be within [0, trigger), got {precompute_at}")
+        if isinstance(max_input_tokens, int) and max_input_tokens - reserve_output <= 0:
+            raise ConfigError(
+                f"max_input_tokens ({max_input_tokens}) must exceed "
+                f"reserve_output ({reserve_output})"
+            )
+        self.max_input_tokens = max_input_tokens
+        self.reserve_output = reserve_output
+        self.trigger = trigger
+        self.target = target
+        self.keep_recent = keep_recent
+        self.keep_first_user = keep_first_user
+        self.precompute_at = precompute_at
+        self.counter: TokenCounter = counter or CalibratedCounter(HeuristicCounter())
+        self.summarizer = _as_summarizer(summarizer, summarizer_model)
+        default_summarize = Summarize(
+            keep_tokens_ratio=keep_tokens_ratio,
+            chunk_tokens=chunk_tokens,
+            max_summary_tokens=max_summary_tokens,
+        )
+        self.strategies: list[Strategy] = (
+            list(strategies)
+            if strategies is not None
+            else [TruncateToolResults(), ClearToolResults(), default_summarize, DropOldest()]
+        )
+        found = [s for s in self.strategies if isinstance(s, Summarize)]
+        self.summarize_params: Summarize = found[0] if found else default_summarize
+
+    # --- sizes -------------------------------------------------------------------------
+    def window(self, model: str | None) -> int:
+        """The model's input window, as configured."""
+        if isinstance(self.max_input_tokens, int):
+            return self.max_input_tokens
+        try:
+            window = int(self.max_input_tokens(model))
+        except LookupError:
+            raise UnknownModel(f"no input window is configured for model {model!r}") from None
+        if window - self.reserve_output <= 0:
+            raise ConfigError(f"window {window} of {model!r} leaves nothing after reserve_output")
+        return window
+
+    def budget(self, model: str | None) -> int:
+        """Tokens the prompt may use: the window minus `reserve_output`."""
+        return self.window(model) - self.reserve_output
+
+    def limits(self, model: str | None) -> Limits:
+        budget = self.budget(model)
+        s = self.summarize_params
+        return Limits(
+            budget=budget,
+            target=int(self.target * budget),
+            keep_recent=self.keep_recent,
+            chunk_tokens=s.chunk_tokens,
+            max_summary_tokens=s.max_summary_tokens,
+        )
+
+    def state(self, tokens: int, model: str | None) -> State:
+        """Where `tokens` (effective prompt tokens) stand against the trigger."""
+        budget = self.budget(model)
+        if tokens > self.trigger * budget:
+            return "over"
+        if tokens >= (self.trigger - self.precompute_at) * budget:
+            return "nearing"
+        return "under"
+
+    def regions(self, transcript: Sequence[Message]) -> tuple[int, int]:
+        """(head_end, tail_start): the head and the protected recent tail of `transcript`."""
+        end = head_end(transcript, keep_first_user=self.keep_first_user)
+        spans = groups(transcript, end)
+        tail = spans[-self.keep_recent][0] if len(spans) >= self.keep_recent else end
+        return end, tail
+
+    def effective_tokens(
+        self,
+        transcript: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        model: str | None = None,
+        book: SummaryBook | None = None,
+    ) -> int:
+        """Tokens of the prompt built from the best record of `book`, before any other cut."""
+        return self.counter.count(self._with_best(transcript, book)[0], tools, model)
+
+    def _with_best(
+        self, transcript: Sequence[Message], book: SummaryBook | None
+    ) -> tuple[list[Message], SummaryRecord | None]:
+        head, tail = self.regions(transcript)
+        record = book.best(transcript, upto_max=tail) if book is not None else None
+        if record is None or record.upto <= head:
+            return list(transcript), None
+        built = [*transcript[:head], summary_message(record, head), *transcript[record.upto :]]
+        return built, record
+
+    # --- the two calls of the reference ---------------------------------------------------
+    async def prepare(
+        self,
+        transcript: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        model: str | None = None,
+        book: SummaryBook | None = None,
+        pressure: float = 1.0,
+    ) -> Prepared:
+        """The messages to send for `transcript` (see the reference for `pressure`)."""
+        if not 0.0 < pressure <= 1.0:
+            raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
+        messages = validate(transcript)
+        limits = self.limits(model)
+        raw = self.counter.count(messages, tools, model)
+        before = math.ceil(raw / pressure)
+        report = self._report(limits, before, pressure)
+        if before <= self.trigger * limits.budget:
+            report.update(tokens_after=before, changed=False)
+            return Prepared(messages, report)
+        work = await self.cut(messages, tools=tools, model=model, book=book, pressure=pressure)
+        after = work.tokens()
+        if after > limits.budget:
+            raise self._does_not_fit(work, after)
+        report.update(self._outcome(work, after))
+        return Prepared(work.messages, report, work.new_summaries, work.tokens_spent, work.cost)
+
+    async def cut(
+        self,
+        transcript: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        model: str | None = None,
+        book: SummaryBook | None = None,
+        pressure: float = 1.0,
+    ) -> Work:
+        """Run the strategies on a validated transcript; `prepare` checks the result fits."""
+        limits = self.limits(model)
+        work = self._work(list(transcript), tools, model, book, pressure, limits)
+        for strategy in self.strategies:
+            await strategy.apply(work)
+            if work.fits_target():
+                break
+        return work
+
+    def observe(
+        self,
+        model: str | None,
+        sent: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        actual_prompt_tokens: int,
+    ) -> None:
+        """Calibrate on a real response (only a `CalibratedCounter` learns from it)."""
+        if isinstance(self.counter, CalibratedCounter):
+            estimated = self.counter.base.count(sent, tools, model)
+            self.counter.observe(model, estimated, actual_prompt_tokens)
+
+    # --- ahead of time ----------------------------------------------------------------------
+    def plan_summary(
+        self,
+        transcript: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        model: str | None = None,
+        book: SummaryBook | None = None,
+    ) -> SummaryPlan | None:
+        """The record to compute now so that prepare lands under target when the trigger hits.
+
+        None while the prompt built from the current best record is below
+        (trigger - precompute_at) x budget: the cut then moves in steps, and the
+        [head][summary] prefix stays byte-stable between them.
+        """
+        budget = self.budget(model)
+        built, record = self._with_best(transcript, book)
+        tokens = self.counter.count(built, tools, model)
+        if self.state(tokens, model) == "under":
+            return None
+        head, tail = self.regions(transcript)
+        growth = max(0, int(self.trigger * budget) - tokens)
+        keep = max(0, int(self.summarize_params.keep_tokens_ratio * budget) - growth)
+        start = record.upto if record is not None else head
+        cut = plan_cut(
+            transcript,
+            start=start,
+            tail_start=tail,
+            counter=self.counter,
+            model=model,
+            keep_tokens=keep,
+        )
+        if cut <= start:
+            return None
+        return SummaryPlan(
+            start=head, cut=cut, previous=record, prefix_hash=prefix_hash(transcript[:cut])
+        )
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _work(
+        self,
+        messages: list[Message],
+        tools: Sequence[ToolSpec],
+        model: str | None,
+        book: SummaryBook | None,
+        pressure: float,
+        limits: Limits,
+    ) -> Work:
+        head, tail = self.regions(messages)
+        return Work(
+            transcript=messages,
+            messages=list(messages),
+            origin=list(range(len(messages))),
+            tools=tools,
+            model=model,
+            counter=self.counter,
+            limits=limits,
+            head_end=head,
+            tail_start=tail,
+            pressure=pressure,
+            book=book,
+            summarizer=self.summarizer,
+        )
+
+    def _report(self, limits: Limits, before: int, pressure: float) -> dict[str, Any]:
+        return {
+            "tokens_before": before,
+            "tokens_after": before,
+            "budget": limits.budget,
+            "trigger_tokens": int(self.trigger * limits.budget),
+            "target_tokens": limits.target,
+            "pressure": pressure,
+            "applied": [],
+            "summary": None,
+            "dropped_groups": 0,
+            "dropped_messages": 0,
+            "stale": False,
+            "changed": False,
+        }
+
+    @staticmethod
+    def _outcome(work: Work, after: int) -> dict[str, Any]:
+        summary = work.summary
+        return {
+            "tokens_after": after,
+            "applied": work.applied,
+            "summary": None
+            if summary is None
+            else {
+                "upto": summary.upto,
+                "prefix_hash": summary.prefix_hash,
+                "summarizer": summary.summarizer,
+            },
+            "dropped_groups": work.dropped_groups,
+            "dropped_messages": work.dropped_messages,
+            "stale": work.stale,
+            "changed": bool(work.applied),
+        }
+
+    def _does_not_fit(self, work: Work, after: int) -> DoesNotFit:
+        count = work.counter.count
+        head = count(work.transcript[: work.head_end], (), work.model)
+        kept = zip(work.messages, work.origin, strict=True)
+        tail = count([m for m, o in kept if o >= work.tail_start], (), work.model)
+        tools = work.counter.count_tools(work.tools, work.model)
+        return DoesNotFit(
+            tokens=after,
+            budget=work.limits.budget,
+            head_tokens=head,
+            tail_tokens=tail,
+            tools_tokens=tools,
+        )
+
+
+def _as_summarizer(
+    summarizer: LLMClient | Summarizer | None, model: str | None
+) -> Summarizer | None:
+    if summarizer is None:
+        return None
+    if hasattr(summarizer, "summarize"):
+        return summarizer  # type: ignore[return-value]
+    return LLMSummarizer(summarizer, model)

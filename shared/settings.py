@@ -1,0 +1,92 @@
+"""The one place configuration is read: `PREFIT_*` variables plus the conventional `REDIS_URL`."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelWindow(BaseModel):
+    """A model's input window, as the operator states it."""
+
+    max_input_tokens: int = Field(gt=0)
+    reserve_output: int | None = Field(default=None, ge=0)
+
+
+class Price(BaseModel):
+    """USD per million tokens."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; read once per process."""
+
+    model_config = SettingsConfigDict(env_prefix="PREFIT_", extra="ignore")
+
+    redis_url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("REDIS_URL", "PREFIT_REDIS_URL"),
+    )
+    broker_url: str | None = None  # defaults to redis_url
+
+    # summarizer provider; none configured means the offline extractive summarizer
+    summarizer_url: str | None = None
+    summarizer_api_key: SecretStr | None = None
+    summarizer_model: str | None = None
+    summarizer_protocol: Literal["openai", "anthropic"] = "openai"
+    summarizer_timeout_s: float = 60.0
+    summarizer_connect_timeout_s: float = 5.0
+    summarizer_max_attempts: int = 4
+    summarizer_max_inline_wait_s: float = 10.0  # longer waits become task retries
+    prices: dict[str, Price] = Field(default_factory=dict)
+
+    # policy defaults (the reference's)
+    models: dict[str, ModelWindow] = Field(default_factory=dict)
+    reserve_output: int = 4096
+    trigger: float = 0.85
+    target: float = 0.6
+    keep_recent: int = 3
+    precompute_at: float = 0.1  # start summarizing at (trigger - precompute_at) x budget
+    chunk_tokens: int = 24000
+    max_summary_tokens: int = 1200
+    keep_tokens_ratio: float = 0.4
+
+    # store
+    retention_s: int = 7 * 24 * 3600
+    lease_ttl_s: float = 30.0
+
+    # worker
+    summary_queue: str = "summaries"
+    worker_concurrency: int = 200
+    visibility_timeout_s: int = 3600
+    max_redeliveries: int = 5
+
+    # api
+    api_keys: str = ""  # "tenant:key,tenant2:key2"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_messages: int = 20_000
+    max_string_chars: int = 4 * 1024 * 1024
+    default_wait_ms: int = 0
+
+    # misc
+    tiktoken_dir: Path | None = None
+    log_json: bool | None = None  # None: JSON when stderr is not a TTY
+    log_level: str = "INFO"
+
+    @property
+    def broker(self) -> str:
+        return self.broker_url or self.redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings (tests build their own `Settings` instead)."""
+    return Settings()

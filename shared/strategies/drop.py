@@ -1,0 +1,71 @@
+"""DropOldest: the last resort, deleting the oldest turn groups with a one-line marker."""
+
+from __future__ import annotations
+
+from shared.messages import Message, groups
+from shared.strategies.work import SYNTHETIC, Work
+
+MARKER_TAG = "were dropped here to fit the context window]"
+
+
+def drop_marker(messages: int, turn_groups: int) -> Message:
+    """The note that tells the model something is missing."""
+    return {
+        "role": "user",
+        "content": f"[{messages} earlier messages ({turn_groups} turns) {MARKER_TAG}",
+    }
+
+
+class DropOldest:
+    """Delete the oldest turn groups until it fits (never the head, a summary or the tail)."""
+
+    def __repr__(self) -> str:
+        return "DropOldest()"
+
+    async def apply(self, work: Work) -> None:
+        spans = [
+            tuple(work.origin[a:b])
+            for a, b in groups(work.messages)
+            if all(not work.protected(i) and work.origin[i] != SYNTHETIC for i in range(a, b))
+        ]
+        if not spans:
+            return
+        before = work.tokens()
+        size = {
+            o: work.counter.count_message(m, work.model)
+            for m, o in zip(work.messages, work.origin, strict=True)
+        }
+        # per-message sizes are raw estimates; scale them to the calibrated, pressured measure
+        scale = before / max(1, sum(size.values()))
+        excess: float = before - work.limits.target
+        take = 0
+        while take < len(spans) and excess > 0:
+            excess -= scale * sum(size[o] for o in spans[take])
+            take += 1
+        _drop(work, spans[:take])
+        while take < len(spans) and not work.fits_target():
+            _drop(work, spans[take : take + 1])
+            take += 1
+        work.record("DropOldest", before, groups=work.dropped_groups)
+
+
+def _drop(work: Work, spans: list[tuple[int, ...]]) -> None:
+    """Remove the groups whose original indices are `spans`, keeping one marker in their place."""
+    gone = {o for span in spans for o in span}
+    work.dropped_groups += len(spans)
+    work.dropped_messages += len(gone)
+    marker = drop_marker(work.dropped_messages, work.dropped_groups)
+    messages: list[Message] = []
+    origin: list[int] = []
+    placed = False
+    for m, o in zip(work.messages, work.origin, strict=True):
+        is_marker = o == SYNTHETIC and MARKER_TAG in str(m.get("content"))
+        if is_marker or o in gone:
+            if not placed:
+                messages.append(marker)
+                origin.append(SYNTHETIC)
+                placed = True
+            continue
+        messages.append(m)
+        origin.append(o)
+    work.replace(messages, origin)

@@ -1,0 +1,127 @@
+"""Summarize: replace the oldest turns with a summary, kept as [head] [summary] [recent tail]."""
+
+from __future__ import annotations
+
+from shared.errors import ConfigError
+from shared.llm import LLMClient, SummarizeFn
+from shared.messages import Message
+from shared.strategies.work import SYNTHETIC, Work
+from shared.summaries import SummaryRecord
+from shared.summarize import build_record, plan_cut, summary_message
+from shared.summarizers import FnSummarizer, LLMSummarizer, Summarizer
+
+
+class Summarize:
+    """Replace the oldest turns with a model-written, incremental summary.
+
+    It first reuses the best record of the book (matched by content hash), then, when that is
+    not enough and a summarizer is at hand (its own `client`/`summarize`, else the policy's),
+    folds the newer turns into it chunk by chunk. Without any summarizer it never calls a
+    model: it serves the book's record and marks the result `stale` if more is due.
+    """
+
+    def __init__(
+        self,
+        client: LLMClient | None = None,
+        model: str | None = None,
+        *,
+        keep_tokens_ratio: float = 0.4,
+        chunk_tokens: int = 24000,
+        max_summary_tokens: int = 1200,
+        summarize: SummarizeFn | None = None,
+    ) -> None:
+        if not 0.0 < keep_tokens_ratio < 1.0:
+            raise ConfigError(f"keep_tokens_ratio must be within (0, 1), got {keep_tokens_ratio}")
+        if chunk_tokens <= 0 or max_summary_tokens <= 0:
+            raise ConfigError("chunk_tokens and max_summary_tokens must be positive")
+        self.keep_tokens_ratio = keep_tokens_ratio
+        self.chunk_tokens = chunk_tokens
+        self.max_summary_tokens = max_summary_tokens
+        self._own: Summarizer | None = None
+        if summarize is not None:
+            self._own = FnSummarizer(summarize, model)
+        elif client is not None:
+            self._own = LLMSummarizer(client, model)
+
+    def __repr__(self) -> str:
+        return f"Summarize(keep_tokens_ratio={self.keep_tokens_ratio})"
+
+    async def apply(self, work: Work) -> None:
+        if work.tail_start <= work.head_end:
+            return
+        before = work.tokens()
+        record = None
+        if work.book is not None:
+            record = work.book.best(work.transcript, upto_max=work.tail_start, hashes=work.hashes())
+        if record is not None and record.upto <= work.head_end:
+            record = None
+        summarizer = self._own or work.summarizer
+        if summarizer is not None and (record is None or not self._fits_with(work, record)):
+            record = await self._extend(work, summarizer, record) or record
+        if record is None:
+            work.stale = summarizer is None and work.book is not None
+            return
+        self._install(work, record)
+        work.summary = record
+        work.stale = summarizer is None and not work.fits_target()
+        work.record("Summarize", before, upto=record.upto, prefix_hash=record.prefix_hash)
+
+    @staticmethod
+    def _fits_with(work: Work, record: SummaryRecord) -> bool:
+        messages, _ = _installed(work, record)
+        raw = work.counter.count(messages, work.tools, work.model)
+        return raw / work.pressure <= work.limits.target
+
+    async def _extend(
+        self, work: Work, summarizer: Summarizer, previous: SummaryRecord | None
+    ) -> SummaryRecord | None:
+        start = previous.upto if previous is not None else work.head_end
+        cut = plan_cut(
+            work.transcript,
+            start=start,
+            tail_start=work.tail_start,
+            counter=work.counter,
+            model=work.model,
+            keep_tokens=int(self.keep_tokens_ratio * work.limits.budget),
+        )
+        if cut <= start:
+            return None
+        built = await build_record(
+            work.transcript,
+            start=work.head_end,
+            cut=cut,
+            previous=previous,
+            summarizer=summarizer,
+            counter=work.counter,
+            model=work.model,
+            chunk_tokens=self.chunk_tokens,
+            max_summary_tokens=self.max_summary_tokens,
+            hashes=work.hashes(),
+        )
+        work.new_summaries.append(built.record)
+        work.tokens_spent += built.input_tokens + built.output_tokens
+        work.cost += built.cost
+        if work.book is not None:
+            work.book.add(built.record)
+        return built.record
+
+    @staticmethod
+    def _install(work: Work, record: SummaryRecord) -> None:
+        work.replace(*_installed(work, record))
+
+
+def _installed(work: Work, record: SummaryRecord) -> tuple[list[Message], list[int]]:
+    """The messages with `transcript[head_end:upto]` (and markers) replaced by the summary."""
+    messages: list[Message] = []
+    origin: list[int] = []
+    placed = False
+    for m, o in zip(work.messages, work.origin, strict=True):
+        if o == SYNTHETIC or work.head_end <= o < record.upto:
+            if not placed:
+                messages.append(summary_message(record, work.head_end))
+                origin.append(SYNTHETIC)
+                placed = True
+            continue
+        messages.append(m)
+        origin.append(o)
+    return messages, origin

@@ -1,0 +1,149 @@
+"""Incremental summaries: where to cut, and how to fold a range into the previous record.
+
+Used inline by the `Summarize` strategy and ahead of time by the summary workers, so both
+produce the same records for the same transcript.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shared.counters import TokenCounter
+from shared.errors import ConfigError, ContextLengthExceeded
+from shared.hashing import prefix_hashes
+from shared.messages import Message, groups
+from shared.summaries import SummaryRecord
+from shared.summarizers import Summarizer
+
+
+@dataclass(frozen=True)
+class Built:
+    """A record just written, with what writing it cost."""
+
+    record: SummaryRecord
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    calls: int
+
+
+def summary_message(record: SummaryRecord, start: int) -> Message:
+    """The message that stands for `transcript[start:record.upto]`; byte-stable per record."""
+    return {
+        "role": "user",
+        "content": (
+            f"[Summary of messages {start} to {record.upto - 1} of this conversation, "
+            f"which were removed to save context]\n{record.text}"
+        ),
+    }
+
+
+def plan_cut(
+    transcript: Sequence[Message],
+    *,
+    start: int,
+    tail_start: int,
+    counter: TokenCounter,
+    model: str | None,
+    keep_tokens: int,
+) -> int:
+    """The earliest group boundary in [start, tail_start] whose suffix fits in `keep_tokens`.
+
+    Everything before the cut gets summarized; the protected tail (from `tail_start`) is
+    always kept, even when it alone exceeds `keep_tokens`.
+    """
+    bounds = [a for a, _ in groups(transcript, start)]
+    suffix = sum(counter.count_message(m, model) for m in transcript[tail_start:])
+    cut = tail_start
+    for a in reversed([b for b in bounds if b < tail_start]):
+        size = sum(counter.count_message(m, model) for m in transcript[a:cut])
+        if suffix + size > keep_tokens:
+            break
+        suffix += size
+        cut = a
+    return max(start, cut)
+
+
+def _chunks(
+    transcript: Sequence[Message],
+    start: int,
+    cut: int,
+    counter: TokenCounter,
+    model: str | None,
+    chunk_tokens: int,
+) -> deque[tuple[int, int]]:
+    """Group-aligned ranges of [start, cut), each within `chunk_tokens` (bar one huge group)."""
+    out: deque[tuple[int, int]] = deque()
+    lo, size = start, 0
+    for a, b in groups(transcript[:cut], start):
+        g = sum(counter.count_message(m, model) for m in transcript[a:b])
+        if size and size + g > chunk_tokens:
+            out.append((lo, a))
+            lo, size = a, 0
+        size += g
+    if lo < cut:
+        out.append((lo, cut))
+    return out
+
+
+def _halve(transcript: Sequence[Message], a: int, b: int) -> tuple[tuple[int, int], ...] | None:
+    bounds = [x for x, _ in groups(transcript[:b], a)]
+    if len(bounds) < 2:
+        return None
+    mid = bounds[len(bounds) // 2]
+    return (a, mid), (mid, b)
+
+
+async def build_record(
+    transcript: Sequence[Message],
+    *,
+    start: int,
+    cut: int,
+    previous: SummaryRecord | None,
+    summarizer: Summarizer,
+    counter: TokenCounter,
+    model: str | None,
+    chunk_tokens: int,
+    max_summary_tokens: int,
+    hashes: Sequence[str] | None = None,
+    now: float | None = None,
+) -> Built:
+    """Summarize `transcript[start:cut]` (folding `previous`, which must end at `start`).
+
+    Long ranges go chunk by chunk; a chunk the provider finds too long is halved and retried.
+    """
+    begin = previous.upto if previous is not None else start
+    if not start <= begin < cut <= len(transcript):
+        raise ConfigError(f"bad summary range [{begin}, {cut}) for {len(transcript)} messages")
+    text = previous.text if previous is not None else None
+    pending = _chunks(transcript, begin, cut, counter, model, chunk_tokens)
+    spent_in = spent_out = calls = 0
+    cost = 0.0
+    while pending:
+        a, b = pending.popleft()
+        calls += 1
+        try:
+            done = await summarizer.summarize(text, transcript[a:b], max_tokens=max_summary_tokens)
+        except ContextLengthExceeded:
+            halves = _halve(transcript, a, b)
+            if halves is None:
+                raise
+            pending.extendleft(reversed(halves))
+            continue
+        text = done.text
+        spent_in, spent_out = spent_in + done.input_tokens, spent_out + done.output_tokens
+        cost += done.cost
+    chain = hashes if hashes is not None else prefix_hashes(transcript[:cut])
+    provisional = SummaryRecord(upto=cut, prefix_hash=chain[cut], text=text or "")
+    record = SummaryRecord(
+        upto=cut,
+        prefix_hash=chain[cut],
+        text=text or "",
+        summarizer=summarizer.name,
+        tokens=counter.count_message(summary_message(provisional, start), model),
+        created_at=time.time() if now is None else now,
+    )
+    return Built(record, spent_in, spent_out, cost, calls)

@@ -1,0 +1,109 @@
+"""Summarizers: what folds a range of messages into the previous summary.
+
+`LLMSummarizer` asks a provider; `FnSummarizer` wraps the reference's `summarize=` hook;
+the offline `ExtractiveSummarizer` lives in `shared.extractive`. All share the prompt below,
+which keeps what an agent needs to go on (task, decisions, files, open items) and folds the
+previous summary in rather than summarizing summaries blindly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Protocol
+
+from shared.llm import Completion, LLMClient, SummarizeFn
+from shared.messages import Message, text_of
+
+INSTRUCTIONS = (
+    "You maintain the running summary of a long conversation between a user and an AI "
+    "assistant that uses tools. Another model will continue the conversation from your summary "
+    "plus the most recent messages, without seeing the messages you summarize. Keep: the user's "
+    "task and every requirement or constraint they stated; decisions made and why; files, "
+    "commands, identifiers and values that later steps depend on; what was tried and failed; the "
+    "current state and open items. Drop pleasantries, repeated output and anything superseded. "
+    "Write terse plain text with short headed sections. Fold the previous summary into the new "
+    "one: the result must replace both."
+)
+TOOL_OUTPUT_CHARS = 2000
+MESSAGE_CHARS = 6000
+
+
+class Summarizer(Protocol):
+    """Folds `messages` into `previous` (None for the first range) and says what it cost."""
+
+    name: str
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion: ...
+
+
+def _clip(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    head = limit * 2 // 3
+    omitted = len(text) - limit
+    return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[-(limit - head) :]}"
+
+
+def _render_message(m: Message) -> str:
+    role = m.get("role", "?")
+    if role == "tool":
+        label = f"tool result ({m['name']})" if m.get("name") else "tool result"
+        return f"{label}:\n{_clip(text_of(m), TOOL_OUTPUT_CHARS)}"
+    lines = [f"{role}:\n{_clip(text_of(m), MESSAGE_CHARS)}"] if text_of(m) else [f"{role}:"]
+    for call in m.get("tool_calls") or []:
+        fn = call.get("function", {})
+        args = fn.get("arguments", "")
+        args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+        lines.append(f"[calls {fn.get('name')}({_clip(args, TOOL_OUTPUT_CHARS)})]")
+    return "\n".join(lines)
+
+
+def render(messages: Sequence[Message]) -> str:
+    """A range of messages as plain text for a summarizer, huge outputs clipped."""
+    return "\n\n".join(_render_message(m) for m in messages)
+
+
+def build_prompt(previous: str | None, messages: Sequence[Message], max_tokens: int) -> str:
+    """The full text prompt (also what the reference's `summarize=` hook receives)."""
+    prior = previous if previous else "(none yet: this is the start of the conversation)"
+    return (
+        f"{INSTRUCTIONS}\nKeep the summary under {max_tokens} tokens.\n\n"
+        f"<previous_summary>\n{prior}\n</previous_summary>\n\n"
+        f"<new_messages>\n{render(messages)}\n</new_messages>\n\n"
+        "Write the updated summary now."
+    )
+
+
+class LLMSummarizer:
+    """Summaries written by a chat-completions provider."""
+
+    def __init__(self, client: LLMClient, model: str | None, name: str | None = None) -> None:
+        self.client = client
+        self.model = model
+        self.name = name or f"llm:{model or 'default'}"
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        prompt = build_prompt(previous, messages, max_tokens)
+        return await self.client.complete(
+            [{"role": "user", "content": prompt}], model=self.model, max_tokens=max_tokens
+        )
+
+
+class FnSummarizer:
+    """The reference's `summarize=` hook: an async (prompt, model) -> text callable."""
+
+    def __init__(self, fn: SummarizeFn, model: str | None, name: str = "custom") -> None:
+        self.fn = fn
+        self.model = model
+        self.name = name
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        text = await self.fn(build_prompt(previous, messages, max_tokens), self.model)
+        return Completion(text=text, model=self.model)

@@ -1,0 +1,71 @@
+"""Shared fixtures: real transcripts, offline tiktoken, a Redis of the suite's own."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = ROOT.parent / "shared"
+TRANSCRIPTS = SHARED / "transcripts"
+TIKTOKEN_DIR = SHARED / "tiktoken"
+
+
+def transcript_files() -> list[Path]:
+    """Every real transcript beside the repository (empty when ../shared is absent)."""
+    return sorted(TRANSCRIPTS.glob("*.json")) if TRANSCRIPTS.is_dir() else []
+
+
+def load_transcript(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+needs_transcripts = pytest.mark.skipif(
+    not transcript_files(),
+    reason="../shared/transcripts is absent (a fresh clone): real-data tests skipped",
+)
+needs_tiktoken = pytest.mark.skipif(
+    not (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file(),
+    reason="../shared/tiktoken is absent: exact-count tests need its offline encodings",
+)
+
+
+@pytest.fixture(scope="session")
+def tiktoken_dir() -> Path:
+    if not (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
+        pytest.skip("../shared/tiktoken is absent: exact-count tests need its offline encodings")
+    return TIKTOKEN_DIR
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """REDIS_URL when it is set and reachable, else a throwaway redis-server of our own.
+
+    Tests never flush: they write under a unique tenant (see `tenant`).
+    """
+    from shared.redisproc import RedisProcess, reachable
+
+    settings = Settings()
+    if "redis_url" in settings.model_fields_set and reachable(settings.redis_url):
+        yield settings.redis_url
+        return
+    proc = RedisProcess()
+    proc.start()
+    try:
+        yield proc.url
+    finally:
+        proc.stop()
+
+
+@pytest.fixture
+def tenant() -> str:
+    """A tenant name no other test uses, so tests share a Redis without touching each other."""
+    return f"t-{uuid.uuid4().hex[:12]}"

@@ -1,0 +1,60 @@
+"""Hypothesis strategies for transcripts: heads, plain turns, parallel tool calls, pending calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import strategies as st
+
+text = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=40)
+
+
+def _repeat(s: str, n: int) -> str:
+    s = s or "x"
+    return s * max(1, n // len(s))
+
+
+sized = st.builds(_repeat, text, st.integers(0, 3000))  # from a word to a few pages
+
+
+@st.composite
+def tool_group(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
+    k = draw(st.integers(1, 4))
+    ids = [f"call_{draw(st.integers(0, 3))}_{j}" for j in range(k)]  # ids repeat across groups
+    calls = [
+        {"id": i, "type": "function", "function": {"name": "bash", "arguments": '{"cmd": "ls"}'}}
+        for i in ids
+    ]
+    content = draw(st.sampled_from([None, "", "let me look"]))
+    group: list[dict[str, Any]] = [{"role": "assistant", "content": content, "tool_calls": calls}]
+    group += [{"role": "tool", "tool_call_id": i, "content": draw(sized)} for i in ids]
+    return group
+
+
+@st.composite
+def transcripts(draw: st.DrawFn, max_groups: int = 30) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        msgs.append({"role": "system", "content": draw(sized)})
+    msgs.append({"role": "user", "content": draw(sized)})
+    for n in range(draw(st.integers(0, max_groups))):
+        kind = draw(st.sampled_from(["user", "assistant", "tools", "tools"]))
+        if kind == "tools":
+            msgs += draw(tool_group(n))
+        else:
+            msgs.append({"role": kind, "content": draw(sized)})
+    if draw(st.booleans()):  # a trailing call nobody answered yet
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "last",
+                        "type": "function",
+                        "function": {"name": "Finish", "arguments": "{}"},
+                    }
+                ],
+            }
+        )
+    return msgs

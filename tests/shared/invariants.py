@@ -1,0 +1,81 @@
+"""Checks every prepared prompt must pass, shared by the property and real-transcript tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from shared.counters import TokenCounter
+from shared.messages import Message, groups, validate
+from shared.policy import ContextPolicy, Prepared
+
+
+def _same_or_shortened(orig: Message, out: Message) -> bool:
+    if orig == out:
+        return True
+    keys = ("role", "tool_call_id", "tool_calls", "name")
+    if any(orig.get(k) != out.get(k) for k in keys) or orig.get("role") != "tool":
+        return False
+    return isinstance(out.get("content"), str | list)  # cleared or truncated tool output
+
+
+def _is_synthetic(m: Message) -> bool:
+    content = m.get("content")
+    return (
+        m.get("role") == "user"
+        and isinstance(content, str)
+        and (content.startswith("[Summary of messages") or "were dropped here" in content)
+    )
+
+
+def origins(transcript: Sequence[Message], out: Sequence[Message]) -> list[int]:
+    """Original index of each output message (-1 for prefit's own), asserting order is kept."""
+    found: list[int] = []
+    i = 0
+    for m in out:
+        if _is_synthetic(m) and m not in transcript[i : i + 1]:
+            found.append(-1)
+            continue
+        while i < len(transcript) and not _same_or_shortened(transcript[i], m):
+            i += 1
+        assert i < len(transcript), (
+            f"output message {len(found)} is not from the transcript in order"
+        )
+        found.append(i)
+        i += 1
+    return found
+
+
+def check(
+    policy: ContextPolicy,
+    transcript: Sequence[Message],
+    prepared: Prepared,
+    *,
+    counter: TokenCounter,
+    tools: Sequence[dict[str, Any]] = (),
+    model: str | None = None,
+    pressure: float = 1.0,
+) -> None:
+    """Fits, keeps pairs, head, last group and order; unchanged under the trigger."""
+    out = prepared.messages
+    report = prepared.report
+    assert report is not None
+    budget = policy.budget(model)
+    tokens = counter.count(out, tools, model)
+    assert tokens / pressure <= budget, f"{tokens} tokens over budget {budget}"
+    validate(out)  # every tool result still answers the assistant message right before it
+    where = origins(transcript, out)
+    _check_pairs(transcript, out, where)
+    head, _ = policy.regions(transcript)
+    assert out[:head] == list(transcript[:head]), "head changed"
+    a, b = groups(transcript)[-1] if transcript else (0, 0)
+    assert where[-(b - a) :] == list(range(a, b)) if b > a else True, "last turn group not kept"
+    if counter.count(transcript, tools, model) / pressure <= policy.trigger * budget:
+        assert out == list(transcript), "changed although under the trigger"
+
+
+def _check_pairs(transcript: Sequence[Message], out: Sequence[Message], where: list[int]) -> None:
+    kept = set(where)
+    for a, b in groups(transcript):
+        present = [i in kept for i in range(a, b)]
+        assert all(present) or not any(present), f"turn group [{a}, {b}) split"

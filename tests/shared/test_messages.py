@@ -1,0 +1,117 @@
+"""Validation, turn groups and the head of OpenAI-format transcripts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from shared.errors import InvalidTranscript
+from shared.messages import groups, head_end, validate
+from tests.conftest import load_transcript, needs_transcripts, transcript_files
+
+
+def call(i: str) -> dict[str, Any]:
+    return {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def test_groups_keep_calls_with_their_results() -> None:
+    """An assistant message with tool calls and its results form one group."""
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": None, "tool_calls": [call("1"), call("2")]},
+        {"role": "tool", "tool_call_id": "1", "content": "x"},
+        {"role": "tool", "tool_call_id": "2", "content": "y"},
+        {"role": "assistant", "content": "done"},
+    ]
+    assert groups(msgs) == [(0, 1), (1, 4), (4, 5)]
+    assert groups(msgs, start=1) == [(1, 4), (4, 5)]
+
+
+def test_head_is_system_messages_plus_first_user() -> None:
+    """The head covers leading system/developer messages and the task."""
+    msgs = [
+        {"role": "system", "content": "s"},
+        {"role": "developer", "content": "d"},
+        {"role": "user", "content": "u"},
+    ]
+    assert head_end(msgs) == 3
+    assert head_end(msgs, keep_first_user=False) == 2
+    assert head_end([{"role": "assistant", "content": "x"}]) == 0
+
+
+def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
+    """Ids repeat across turns in real clients; a last call may still be unanswered."""
+    msgs = [
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "", "tool_calls": [call("0")]},
+        {"role": "tool", "tool_call_id": "0", "content": "x", "name": "f"},
+        {"role": "assistant", "content": None, "tool_calls": [call("0")]},
+        {"role": "tool", "tool_call_id": "0", "content": ""},
+        {"role": "assistant", "content": None, "tool_calls": [call("0")]},
+    ]
+    assert validate(msgs) == msgs
+
+
+@pytest.mark.parametrize(
+    ("msgs", "index", "reason"),
+    [
+        ([{"role": "wizard", "content": "x"}], 0, "unknown role 'wizard'"),
+        ([{"role": "user"}], 0, "'content' is missing"),
+        ([{"role": "user", "content": 3}], 0, "'content' must be a string, null or a list"),
+        (
+            [
+                {"role": "user", "content": "a"},
+                {"role": "tool", "tool_call_id": "1", "content": "x"},
+            ],
+            1,
+            "tool result does not follow",
+        ),
+        (
+            [
+                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                {"role": "tool", "tool_call_id": "2", "content": "x"},
+            ],
+            1,
+            "answers no call",
+        ),
+        (
+            [
+                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                {"role": "tool", "content": "x"},
+            ],
+            1,
+            "needs a non-empty string 'tool_call_id'",
+        ),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f"}}]}],
+            0,
+            "needs a non-empty string 'id'",
+        ),
+        ([{"role": "user", "content": [{"type": "text"}]}], 0, "needs a string 'text'"),
+        (["hello"], 0, "message must be an object, got str"),
+    ],
+)
+def test_invalid_transcripts_name_index_and_reason(
+    msgs: list[Any], index: int, reason: str
+) -> None:
+    """Every malformed message is reported with its index and a precise reason."""
+    with pytest.raises(InvalidTranscript) as err:
+        validate(msgs)
+    assert err.value.index == index
+    assert reason in str(err.value)
+
+
+def test_transcript_must_be_a_list() -> None:
+    """A non-list transcript is refused without an index."""
+    with pytest.raises(InvalidTranscript, match="must be a list"):
+        validate({"role": "user"})
+
+
+@needs_transcripts
+@pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:50])
+def test_every_real_transcript_is_valid(path: Any) -> None:
+    """All 52 real transcripts, with their quirks, pass validation."""
+    msgs = load_transcript(path)["messages"]
+    assert validate(msgs) == msgs
+    assert sum(b - a for a, b in groups(msgs)) == len(msgs)

@@ -1,0 +1,256 @@
+"""ContextPolicy: thresholds, strategies in order, summaries from the book, errors."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.counters import HeuristicCounter
+from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
+from shared.hashing import prefix_hashes
+from shared.llm import Completion
+from shared.messages import Message
+from shared.policy import ContextPolicy
+from shared.strategies import DropOldest, Summarize
+from shared.summaries import SummaryBook, SummaryRecord
+from tests.shared.generated import transcripts
+from tests.shared.invariants import check
+
+COUNTER = HeuristicCounter()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def chat(n: int, size: int = 400) -> list[Message]:
+    msgs: list[Message] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "task"},
+    ]
+    for i in range(n):
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "c",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": f'{{"i": {i}}}'},
+                    }
+                ],
+            }
+        )
+        msgs.append({"role": "tool", "tool_call_id": "c", "content": f"out {i} " + "y" * size})
+        msgs.append({"role": "assistant", "content": f"step {i} done " + "z" * (size // 4)})
+    return msgs
+
+
+class CountingSummarizer:
+    """A summarizer that records the ranges it was asked to fold."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        self.calls.append(len(messages))
+        return Completion(
+            text=f"summary of {len(messages)} after {len(previous or '')}",
+            input_tokens=10,
+            output_tokens=5,
+            cost=0.01,
+        )
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(transcripts(), st.integers(1500, 40_000), st.sampled_from([1.0, 0.8, 0.5]))
+def test_invariants_on_generated_transcripts(
+    msgs: list[Message], window: int, pressure: float
+) -> None:
+    """Any valid transcript fits or raises DoesNotFit with figures that justify it."""
+    policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
+    try:
+        out = run(policy.prepare(msgs, pressure=pressure))
+    except DoesNotFit as e:
+        assert e.head_tokens + e.tail_tokens + 64 > e.budget * pressure
+        return
+    check(policy, msgs, out, counter=COUNTER, pressure=pressure)
+    assert run(policy.prepare(msgs, pressure=pressure)).messages == out.messages
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(transcripts(max_groups=40), st.integers(2000, 20_000))
+def test_invariants_with_inline_summaries(msgs: list[Message], window: int) -> None:
+    """With a summarizer, summaries replace the oldest turns and the invariants still hold."""
+    policy = ContextPolicy(
+        window + 1024, counter=COUNTER, reserve_output=1024, summarizer=CountingSummarizer()
+    )
+    try:
+        out = run(policy.prepare(msgs, book=SummaryBook()))
+    except DoesNotFit:
+        return
+    check(policy, msgs, out, counter=COUNTER)
+    for record in out.new_summaries:
+        assert record.prefix_hash == prefix_hashes(msgs[: record.upto])[-1]
+
+
+def test_unchanged_under_trigger() -> None:
+    """At or under trigger x budget the transcript comes back as it was, with a report."""
+    msgs = chat(3)
+    out = run(ContextPolicy(100_000).prepare(msgs))
+    assert out.messages == msgs
+    assert out.report is not None and out.report["changed"] is False and out.report["applied"] == []
+
+
+def test_strategies_stop_once_under_target() -> None:
+    """Cheap strategies come first; later ones do not run once the target is met."""
+    msgs = chat(40, size=9000)
+    policy = ContextPolicy(60_000, counter=COUNTER)
+    out = run(policy.prepare(msgs))
+    names = [a["strategy"] for a in out.report["applied"]]
+    assert names[0] == "TruncateToolResults"
+    assert "DropOldest" not in names or names[-1] == "DropOldest"
+    assert out.report["tokens_after"] <= out.report["target_tokens"] or "DropOldest" in names
+    assert all(a["saved"] > 0 for a in out.report["applied"])
+
+
+def test_drop_oldest_leaves_a_marker_and_keeps_head_and_tail() -> None:
+    """DropOldest removes whole groups after the head and says so in one marker."""
+    msgs = chat(60)
+    policy = ContextPolicy(8000, counter=COUNTER, reserve_output=1000, strategies=[DropOldest()])
+    out = run(policy.prepare(msgs))
+    markers = [m for m in out.messages if "were dropped here" in str(m.get("content"))]
+    assert len(markers) == 1 and out.report["dropped_groups"] > 0
+    assert out.messages[:2] == msgs[:2] and out.messages[-3:] == msgs[-3:]
+    assert out.report["tokens_after"] <= out.report["target_tokens"]
+
+
+def test_summary_from_book_is_used_and_reported() -> None:
+    """A matching record replaces its range; the report names it."""
+    msgs = chat(40)
+    upto = 2 + 3 * 20
+    record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "THE SUMMARY")
+    policy = ContextPolicy(12_000, counter=COUNTER, strategies=[Summarize(), DropOldest()])
+    out = run(policy.prepare(msgs, book=SummaryBook([record])))
+    assert out.report["summary"] == {
+        "upto": upto,
+        "prefix_hash": record.prefix_hash,
+        "summarizer": "",
+    }
+    assert out.messages[2]["content"].endswith("THE SUMMARY")
+    assert out.messages[3:6] == msgs[upto : upto + 3] or out.report["dropped_groups"] > 0
+
+
+def test_book_only_marks_stale_when_summary_is_due() -> None:
+    """Without a summarizer, an over-target result after the book's record is reported stale."""
+    msgs = chat(80)
+    policy = ContextPolicy(12_000, counter=COUNTER, strategies=[Summarize(), DropOldest()])
+    out = run(policy.prepare(msgs, book=SummaryBook()))
+    assert out.report["stale"] is True and out.report["dropped_groups"] > 0
+
+
+def test_inline_summary_is_incremental() -> None:
+    """A second prepare folds the earlier record and summarizes only the new range."""
+    summarizer = CountingSummarizer()
+    policy = ContextPolicy(
+        12_000, counter=COUNTER, summarizer=summarizer, strategies=[Summarize(), DropOldest()]
+    )
+    book = SummaryBook()
+    msgs = chat(60)
+    first = run(policy.prepare(msgs, book=book))
+    assert (
+        len(first.new_summaries) == 1
+        and first.tokens_spent == 15
+        and first.cost == pytest.approx(0.01)
+    )
+    upto = first.new_summaries[0].upto
+    more = chat(90)
+    second = run(policy.prepare(more, book=book))
+    assert second.new_summaries and second.new_summaries[0].upto > upto
+    assert sum(summarizer.calls) == second.new_summaries[0].upto - 2  # each message folded once
+
+
+def test_chunking_splits_long_ranges() -> None:
+    """A range larger than chunk_tokens is summarized chunk by chunk."""
+    summarizer = CountingSummarizer()
+    strategy = Summarize(chunk_tokens=2000)
+    policy = ContextPolicy(
+        30_000, counter=COUNTER, summarizer=summarizer, strategies=[strategy, DropOldest()]
+    )
+    run(policy.prepare(chat(200), book=SummaryBook()))
+    assert len(summarizer.calls) > 3
+
+
+def test_does_not_fit_when_head_alone_is_too_big() -> None:
+    """A head bigger than the budget raises DoesNotFit with the figures."""
+    msgs = [
+        {"role": "system", "content": "x" * 50_000},
+        {"role": "user", "content": "hi"},
+        *chat(5)[2:],
+    ]
+    with pytest.raises(DoesNotFit) as err:
+        run(ContextPolicy(8000, counter=COUNTER, reserve_output=1000).prepare(msgs))
+    assert err.value.budget == 7000 and err.value.head_tokens > 7000
+
+
+def test_pressure_forces_deeper_cuts() -> None:
+    """pressure < 1 treats the estimate as too low and cuts further."""
+    msgs = chat(60)
+    policy = ContextPolicy(16_000, counter=COUNTER, reserve_output=1000)
+    loose = run(policy.prepare(msgs))
+    tight = run(policy.prepare(msgs, pressure=0.5))
+    assert COUNTER.count(tight.messages) < COUNTER.count(loose.messages)
+
+
+def test_bad_inputs_raise_typed_errors() -> None:
+    """Malformed transcripts, pressures and windows raise precise typed errors."""
+    policy = ContextPolicy(8000)
+    with pytest.raises(InvalidTranscript, match="message 1: unknown role"):
+        run(policy.prepare([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]))
+    with pytest.raises(ConfigError, match="pressure"):
+        run(policy.prepare([], pressure=0))
+    with pytest.raises(ConfigError):
+        ContextPolicy(4000, reserve_output=4096)
+    windows = {"gpt": 8000}
+    with pytest.raises(UnknownModel, match="'other'"):
+        run(ContextPolicy(lambda m: windows[m or ""]).prepare([], model="other"))
+
+
+def test_keep_first_user_can_be_turned_off() -> None:
+    """keep_first_user=False leaves only system/developer messages in the head."""
+    msgs = chat(2)
+    assert ContextPolicy(8000).regions(msgs)[0] == 2
+    assert ContextPolicy(8000, keep_first_user=False).regions(msgs)[0] == 1
+
+
+def test_plan_summary_steps_the_cut() -> None:
+    """Workers get a plan only when nearing; once its record exists, none until nearing again."""
+    policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1000)
+    assert policy.plan_summary(chat(5), book=SummaryBook()) is None
+    msgs = chat(48)
+    assert policy.state(policy.effective_tokens(msgs), None) != "under"
+    plan = policy.plan_summary(msgs, book=SummaryBook())
+    assert plan is not None and plan.previous is None and plan.start == 2
+    book = SummaryBook([SummaryRecord(plan.cut, plan.prefix_hash, "s", tokens=20)])
+    assert policy.plan_summary(msgs, book=book) is None
+    assert (
+        policy.plan_summary(chat(49), book=book) is None
+    )  # one more turn: same prefix, no new cut

@@ -1,0 +1,83 @@
+"""The policy's invariants on every real transcript, at four windows, with both counters."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.errors import DoesNotFit
+from shared.hashing import prefix_hashes
+from shared.policy import ContextPolicy
+from shared.strategies import DropOldest, Summarize
+from shared.summaries import SummaryBook, SummaryRecord
+from tests.conftest import load_transcript, needs_transcripts, transcript_files
+from tests.shared.invariants import check
+
+WINDOWS = (8_000, 16_000, 32_000, 128_000)
+pytestmark = needs_transcripts
+
+
+@pytest.fixture(scope="module", params=["heuristic", "tiktoken"])
+def counter(request: pytest.FixtureRequest) -> TokenCounter:
+    if request.param == "heuristic":
+        return HeuristicCounter()
+    tiktoken_dir: Path = request.getfixturevalue("tiktoken_dir")
+    return TiktokenCounter(directory=tiktoken_dir)
+
+
+def _prepare(policy: ContextPolicy, data: dict[str, Any], book: SummaryBook | None = None) -> Any:
+    return asyncio.run(policy.prepare(data["messages"], tools=data.get("tools", ()), book=book))
+
+
+@pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:60])
+def test_invariants_hold_at_every_window(path: Path, counter: TokenCounter) -> None:
+    """Fits exactly, keeps pairs, head, last group and order, and is deterministic."""
+    data = load_transcript(path)
+    tools = data.get("tools", ())
+    for window in WINDOWS:
+        policy = ContextPolicy(window, counter=counter, reserve_output=1024)
+        try:
+            first = _prepare(policy, data)
+        except DoesNotFit as e:
+            # only legitimate when what may never be cut is itself too big
+            assert e.head_tokens + e.tail_tokens + e.tools_tokens + 64 > e.budget
+            continue
+        check(policy, data["messages"], first, counter=counter, tools=tools)
+        assert _prepare(policy, data).messages == first.messages, "same input, different output"
+
+
+@pytest.mark.parametrize(
+    "path", transcript_files()[:3] + transcript_files()[-10:-7], ids=lambda p: p.stem[:60]
+)
+def test_record_reused_only_when_prefix_matches(path: Path) -> None:
+    """A stored summary is used for its own prefix and ignored once any earlier message differs."""
+    data = load_transcript(path)
+    messages = data["messages"]
+    counter = HeuristicCounter()
+    tools = data.get("tools", ())
+    window = max(2048, counter.count(messages) // 2) + counter.count_tools(tools) + 1024
+    policy = ContextPolicy(
+        window, counter=counter, reserve_output=1024, strategies=[Summarize(), DropOldest()]
+    )
+    head, tail = policy.regions(messages)
+    if tail - head < 2:
+        pytest.skip("too short to summarize anything")
+    upto = head + (tail - head) // 2
+    while upto < tail and messages[upto]["role"] == "tool":
+        upto += 1
+    record = SummaryRecord(
+        upto=upto, prefix_hash=prefix_hashes(messages)[upto], text="STORED SUMMARY"
+    )
+    used = _prepare(policy, data, SummaryBook([record]))
+    assert used.report["summary"]["upto"] == upto
+    assert any("STORED SUMMARY" in str(m.get("content")) for m in used.messages)
+    edited = [*messages[:head], {**messages[head], "content": "edited"}, *messages[head + 1 :]]
+    other = asyncio.run(
+        policy.prepare(edited, tools=data.get("tools", ()), book=SummaryBook([record]))
+    )
+    assert other.report is not None and other.report["summary"] is None
+    assert not any("STORED SUMMARY" in str(m.get("content")) for m in other.messages)

@@ -1,0 +1,65 @@
+"""Prefix hashes, summary records and the book's choice of record."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.hashing import canonical, prefix_hash, prefix_hashes
+from shared.summaries import SummaryBook, SummaryRecord
+
+MSGS = [{"role": "user", "content": f"m{i}"} for i in range(10)]
+
+
+def test_prefix_hashes_are_one_pass_and_consistent() -> None:
+    """prefix_hashes()[k] equals prefix_hash of the first k messages, versioned."""
+    chain = prefix_hashes(MSGS)
+    assert len(chain) == 11 and all(h.startswith("v1:") for h in chain)
+    assert all(chain[k] == prefix_hash(MSGS[:k]) for k in range(11))
+    assert len(set(chain)) == 11
+
+
+def test_hash_is_by_content_not_key_order() -> None:
+    """Key order and object identity do not matter; any value change does."""
+    a = {"role": "user", "content": "x", "name": "n"}
+    b = {"name": "n", "content": "x", "role": "user"}
+    assert canonical(a) == canonical(b) and prefix_hash([a]) == prefix_hash([b])
+    assert prefix_hash([a]) != prefix_hash([{**a, "content": "y"}])
+
+
+def test_known_vector_never_changes_silently() -> None:
+    """The persisted hash of a fixed transcript is pinned: changing it needs a new version."""
+    assert prefix_hash([{"role": "user", "content": "hello"}]) == prefix_hash(
+        [{"content": "hello", "role": "user"}]
+    )
+    assert (
+        prefix_hash([])
+        == "v1:" + __import__("hashlib").blake2b(b"prefit-prefix-v1", digest_size=16).hexdigest()
+    )
+
+
+@given(st.lists(st.text(max_size=5), max_size=8))
+def test_record_json_round_trip(texts: list[str]) -> None:
+    """Records survive JSON unchanged."""
+    rec = SummaryRecord(
+        len(texts),
+        prefix_hash([{"role": "user", "content": t} for t in texts]),
+        "".join(texts),
+        "extractive",
+        3,
+        1.5,
+    )
+    assert SummaryRecord.from_json(rec.to_json()) == rec
+
+
+def test_best_prefers_longest_matching_prefix() -> None:
+    """The book returns the longest record whose prefix matches by content."""
+    chain = prefix_hashes(MSGS)
+    short, long_ = SummaryRecord(3, chain[3], "a"), SummaryRecord(7, chain[7], "b")
+    wrong = SummaryRecord(9, prefix_hash([{"role": "user", "content": "other"}] * 9), "c")
+    book = SummaryBook([short, long_, wrong])
+    assert book.best(MSGS) == long_
+    assert book.best(MSGS, upto_max=6) == short
+    assert book.best(MSGS[:5]) == short
+    edited = [MSGS[0], {"role": "user", "content": "changed"}, *MSGS[2:]]
+    assert book.best(edited) is None
