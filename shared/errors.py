@@ -35,6 +35,10 @@ class DoesNotFit(PrefitError):
         )
 
 
+class InvalidId(PrefitError, ValueError):
+    """A tenant, conversation or marker id is empty, too long or has forbidden characters."""
+
+
 class ConfigError(PrefitError, ValueError):
     """A policy, strategy or setting was given an impossible value."""
 

@@ -11,7 +11,8 @@ versioned and must never change silently. Version 1, the only one so far:
   `h(k+1) = BLAKE2b-16(h(k) + digest(message k))`;
 - the prefix hash of the first `k` messages is `"v1:" + hex(h(k))`.
 
-Every prefix hash of a transcript comes out of one O(n) pass (`prefix_hashes`).
+Every prefix hash of a transcript comes out of one O(n) pass (`prefix_hashes`), and a stored
+chain grows in O(new) from its last hash (`extend_chain`).
 Changing anything above means a new version prefix, so old records simply stop matching.
 """
 
@@ -21,6 +22,8 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+from shared.errors import ConfigError
 
 VERSION = "v1"
 _SEED = hashlib.blake2b(b"prefit-prefix-v1", digest_size=16).digest()
@@ -53,3 +56,22 @@ def prefix_hash(messages: Sequence[Mapping[str, Any]]) -> str:
     """The prefix hash of all of `messages`."""
     *_, last = _chain(messages)
     return f"{VERSION}:{last.hex()}"
+
+
+EMPTY = prefix_hash([])  # the hash of no messages: every chain's start
+
+
+def extend_chain(last: str, messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Prefix hashes of `messages` appended to a prefix whose hash is `last` (one per message)."""
+    version, _, hexdigest = last.partition(":")
+    try:
+        h = bytes.fromhex(hexdigest) if version == VERSION else b""
+    except ValueError:
+        h = b""
+    if len(h) != 16:
+        raise ConfigError(f"prefix hash {last!r} is not a {VERSION} hash")
+    out: list[str] = []
+    for m in messages:
+        h = hashlib.blake2b(h + message_digest(m), digest_size=16).digest()
+        out.append(f"{VERSION}:{h.hex()}")
+    return out

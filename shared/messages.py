@@ -18,6 +18,7 @@ ToolSpec: TypeAlias = dict[str, Any]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 HEAD_ROLES = frozenset({"system", "developer"})
+_PLAIN = frozenset({"system", "developer", "user", "assistant"})
 
 
 def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
@@ -62,6 +63,11 @@ def validate(transcript: Any) -> list[Message]:
         raise InvalidTranscript(f"transcript must be a list of messages, got {_kind(transcript)}")
     pending: set[str] | None = None  # ids of the open assistant tool calls, by position
     for i, m in enumerate(transcript):
+        # fast path for the commonest shape; everything else gets every check
+        if type(m) is dict and len(m) == 2 and m.get("role") in _PLAIN:
+            if type(m.get("content")) is str:
+                pending = None
+                continue
         _check_message(m, i)
         if m["role"] == "tool":
             pending = _check_tool_result(m, i, pending)

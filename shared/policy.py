@@ -21,6 +21,7 @@ from shared.strategies import (
     TruncateToolResults,
     Work,
 )
+from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarize import plan_cut, summary_message
 from shared.summarizers import LLMSummarizer, Summarizer
@@ -185,13 +186,16 @@ class ContextPolicy:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
         messages = validate(transcript)
         limits = self.limits(model)
-        raw = self.counter.count(messages, tools, model)
+        sizes = SizeMemo()
+        raw = measure(self._counter(model), messages, tools, model, sizes)
         before = math.ceil(raw / pressure)
         report = self._report(limits, before, pressure)
         if before <= self.trigger * limits.budget:
             report.update(tokens_after=before, changed=False)
             return Prepared(messages, report)
-        work = await self.cut(messages, tools=tools, model=model, book=book, pressure=pressure)
+        work = await self.cut(
+            messages, tools=tools, model=model, book=book, pressure=pressure, sizes=sizes
+        )
         after = work.tokens()
         if after > limits.budget:
             raise self._does_not_fit(work, after)
@@ -206,10 +210,13 @@ class ContextPolicy:
         model: str | None = None,
         book: SummaryBook | None = None,
         pressure: float = 1.0,
+        sizes: SizeMemo | None = None,
     ) -> Work:
         """Run the strategies on a validated transcript; `prepare` checks the result fits."""
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
+        if sizes is not None:
+            work.sizes = sizes
         for strategy in self.strategies:
             await strategy.apply(work)
             if work.fits_target():
@@ -283,7 +290,7 @@ class ContextPolicy:
             origin=list(range(len(messages))),
             tools=tools,
             model=model,
-            counter=self.counter,
+            counter=self._counter(model),
             limits=limits,
             head_end=head,
             tail_start=tail,
@@ -291,6 +298,12 @@ class ContextPolicy:
             book=book,
             summarizer=self.summarizer,
         )
+
+    def _counter(self, model: str | None) -> TokenCounter:
+        """The counter for one call: a calibrated one reads its (maybe remote) ratio once."""
+        if isinstance(self.counter, CalibratedCounter):
+            return self.counter.scaled(model)
+        return self.counter
 
     def _report(self, limits: Limits, before: int, pressure: float) -> dict[str, Any]:
         return {

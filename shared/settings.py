@@ -59,6 +59,9 @@ class Settings(BaseSettings):
 
     # store
     retention_s: int = 7 * 24 * 3600
+    redis_socket_timeout_s: float = 2.0
+    redis_connect_timeout_s: float = 1.0
+    dead_letters_max: int = 1000
     lease_ttl_s: float = 30.0
 
     # worker

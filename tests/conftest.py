@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
 TRANSCRIPTS = SHARED / "transcripts"
 TIKTOKEN_DIR = SHARED / "tiktoken"
+
+if (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
+    # offline encodings for every Settings() the suite builds (no network at test time)
+    os.environ.setdefault("PREFIT_TIKTOKEN_DIR", str(TIKTOKEN_DIR))
 
 
 def transcript_files() -> list[Path]:

@@ -31,10 +31,7 @@ class DropOldest:
         if not spans:
             return
         before = work.tokens()
-        size = {
-            o: work.counter.count_message(m, work.model)
-            for m, o in zip(work.messages, work.origin, strict=True)
-        }
+        size = dict(zip(work.origin, map(work.size, work.messages), strict=True))
         # per-message sizes are raw estimates; scale them to the calibrated, pressured measure
         scale = before / max(1, sum(size.values()))
         excess: float = before - work.limits.target

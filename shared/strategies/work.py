@@ -7,13 +7,74 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.counters import TokenCounter
+from shared.calibration import ScaledCounter, scale
+from shared.counters import TokenCounter, _CachedCounter
 from shared.hashing import prefix_hashes
 from shared.messages import Message, ToolSpec
 from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarizers import Summarizer
 
 SYNTHETIC = -1  # origin of a message prefit wrote (summary, drop marker)
+
+
+class SizeMemo:
+    """Sizes of message objects for one call, by identity.
+
+    Within one call messages are never mutated, so an object met before has the same size;
+    the memo keeps every object it sized alive, so an id is never reused for another one.
+    """
+
+    def __init__(self) -> None:
+        self._size: dict[int, int] = {}
+        self._keep: list[Message] = []
+        self._fixed: dict[int, int] = {}
+
+    def total(
+        self,
+        base: _CachedCounter,
+        messages: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        model: str | None,
+    ) -> int:
+        """Uncalibrated `base.count(messages, tools, model)`, sizing only unseen messages."""
+        get = self._size.get
+        sizes = [get(id(m)) for m in messages]
+        if None in sizes:
+            for i, value in enumerate(sizes):
+                if value is None:
+                    m = messages[i]
+                    sizes[i] = self._size[id(m)] = base.count_message(m, model)
+                    self._keep.append(m)
+        fixed = self._fixed.get(id(tools))
+        if fixed is None:
+            fixed = self._fixed[id(tools)] = base.count_tools(tools, model) + base.priming
+        return sum(sizes) + fixed  # type: ignore[arg-type]
+
+    def size(self, message: Message) -> int | None:
+        return self._size.get(id(message))
+
+
+def measure(
+    counter: TokenCounter,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    model: str | None,
+    memo: SizeMemo,
+) -> int:
+    """`counter.count(messages, tools, model)`, through a per-call size memo when it can."""
+    base, ratio = _parts(counter, model)
+    if base is None:
+        return counter.count(messages, tools, model)
+    return scale(ratio, memo.total(base, messages, tools, model))
+
+
+def _parts(counter: TokenCounter, model: str | None) -> tuple[_CachedCounter | None, float]:
+    """The cached base counter and calibration ratio behind `counter`, when it has them."""
+    if isinstance(counter, _CachedCounter):
+        return counter, 1.0
+    if isinstance(counter, ScaledCounter) and isinstance(counter.base, _CachedCounter):
+        return counter.base, counter.ratio
+    return None, 1.0
 
 
 @dataclass(frozen=True)
@@ -56,11 +117,30 @@ class Work:
     tokens_spent: int = 0
     cost: float = 0.0
     _hashes: list[str] | None = None
+    _measured: tuple[list[Message], int] | None = None
+    sizes: SizeMemo = field(default_factory=SizeMemo)
 
     def tokens(self) -> int:
         """Estimated tokens of the current messages, scaled by 1/pressure."""
-        raw = self.counter.count(self.messages, self.tools, self.model)
-        return math.ceil(raw / self.pressure) if self.pressure != 1.0 else raw
+        if self._measured is not None and self._measured[0] is self.messages:
+            return self._measured[1]
+        raw = self._count()
+        value = math.ceil(raw / self.pressure) if self.pressure != 1.0 else raw
+        self._measured = (self.messages, value)
+        return value
+
+    def _count(self) -> int:
+        """`counter.count(messages)`, re-measuring only messages this call has not seen.
+
+        Within one call messages are never mutated, so a message object met before has the
+        same size; the memo holds the object itself so its id cannot be reused.
+        """
+        return measure(self.counter, self.messages, self.tools, self.model, self.sizes)
+
+    def size(self, message: Message) -> int:
+        """Uncalibrated tokens of one message, from this call's memo when it was measured."""
+        known = self.sizes.size(message)
+        return known if known is not None else self.counter.count_message(message, self.model)
 
     def fits_target(self) -> bool:
         return self.tokens() <= self.limits.target

@@ -1,0 +1,174 @@
+"""Every Redis key prefit uses, and the checks on the ids that go into them.
+
+Key formats live here and nowhere else. Every key starts with `prefit:v1:`; changing a format
+means a new version, so old keys are simply never read again.
+
+Tenant data sits under `prefit:v1:{<tenant>}:...`. The braces are a Redis Cluster hash tag: all
+of one tenant's keys share a slot, which the Lua scripts need (one script reads a conversation's
+summary index *and* the tenant-wide, content-addressed summary records). The price is that one
+tenant lives on one shard. Calibration ratios are not user data (they describe a model's
+tokenizer), so they sit under `prefit:v1:global:`, shared by every tenant.
+
+Ids are restricted to `[A-Za-z0-9._-]`: no `:` (it separates key parts, so allowing it would let
+two different ids build the same key) and no braces (they would move the hash tag).
+"""
+
+from __future__ import annotations
+
+import re
+
+from shared.errors import ConfigError, InvalidId
+
+VERSION = "v1"
+ROOT = f"prefit:{VERSION}"
+
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_PREFIX_HASH = re.compile(r"v[0-9]+:[0-9a-f]{32}")
+MAX_TENANT_CHARS = 64
+MAX_ID_CHARS = 128
+MAX_MODEL_CHARS = 256
+
+
+def check_tenant(tenant: str) -> str:
+    """Return `tenant` if it is a valid tenant id, else raise `InvalidId`."""
+    return _check_id("tenant", tenant, MAX_TENANT_CHARS)
+
+
+def check_id(kind: str, value: str) -> str:
+    """Return `value` if it is a valid conversation/marker id, else raise `InvalidId`."""
+    return _check_id(kind, value, MAX_ID_CHARS)
+
+
+def check_prefix_hash(value: str) -> str:
+    """Return `value` if it looks like a `shared.hashing` prefix hash, else raise `ConfigError`."""
+    if not isinstance(value, str) or not _PREFIX_HASH.fullmatch(value):
+        raise ConfigError(f"invalid prefix hash {value!r}: expected 'v<N>:' and 32 hex digits")
+    return value
+
+
+def _check_id(kind: str, value: str, limit: int) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidId(f"invalid {kind} id: must be a non-empty string")
+    if len(value) > limit:
+        raise InvalidId(f"invalid {kind} id: longer than {limit} characters")
+    if not _ID.fullmatch(value):
+        raise InvalidId(
+            f"invalid {kind} id {value!r}: use letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def _tenant(tenant: str) -> str:
+    return f"{ROOT}:{{{check_tenant(tenant)}}}"
+
+
+def _conv(tenant: str, conv_id: str) -> str:
+    return f"{_tenant(tenant)}:conv:{check_id('conversation', conv_id)}"
+
+
+# conversations -------------------------------------------------------------------------------
+
+
+def conv_messages(tenant: str, conv_id: str) -> str:
+    """LIST of canonical JSON messages."""
+    return f"{_conv(tenant, conv_id)}:msgs"
+
+
+def conv_hashes(tenant: str, conv_id: str) -> str:
+    """LIST of prefix hashes: element i is the hash of the first i+1 messages."""
+    return f"{_conv(tenant, conv_id)}:hashes"
+
+
+def conv_meta(tenant: str, conv_id: str) -> str:
+    """HASH of metadata (model, timestamps, token count); exists iff the conversation does."""
+    return f"{_conv(tenant, conv_id)}:meta"
+
+
+def conv_index(tenant: str, conv_id: str) -> str:
+    """ZSET of the conversation's summary records: member prefix hash, score upto."""
+    return f"{_conv(tenant, conv_id)}:summaries"
+
+
+def conv_lease(tenant: str, conv_id: str) -> str:
+    """STRING naming the one worker allowed to summarize the conversation."""
+    return f"{_conv(tenant, conv_id)}:lease"
+
+
+def conv_pending(tenant: str, conv_id: str, marker: str) -> str:
+    """STRING marking that a task for (conversation, marker) is already queued."""
+    return f"{_conv(tenant, conv_id)}:pending:{check_id('marker', marker)}"
+
+
+# summary records -----------------------------------------------------------------------------
+
+
+def record_prefix(tenant: str) -> str:
+    """What `record` puts before the prefix hash (Lua scripts build record keys from it)."""
+    return f"{_tenant(tenant)}:rec:"
+
+
+REFS_SUFFIX = ":refs"
+
+
+def record(tenant: str, prefix_hash: str) -> str:
+    """STRING holding one `SummaryRecord` as JSON, content addressed within the tenant."""
+    return record_prefix(tenant) + check_prefix_hash(prefix_hash)
+
+
+def record_refs(tenant: str, prefix_hash: str) -> str:
+    """SET of the conversation ids whose index points at the record."""
+    return record(tenant, prefix_hash) + REFS_SUFFIX
+
+
+# per-tenant bookkeeping ----------------------------------------------------------------------
+
+
+def usage(tenant: str) -> str:
+    """HASH of summary token and cost counters."""
+    return f"{_tenant(tenant)}:usage"
+
+
+def dead_letters(tenant: str) -> str:
+    """LIST of JSON dead letters, newest first."""
+    return f"{_tenant(tenant)}:deadletters"
+
+
+# global --------------------------------------------------------------------------------------
+
+
+def ratio(model: str | None) -> str:
+    """HASH of the calibration ratio of `model` (None or "" for calls that named no model)."""
+    if not model:
+        return f"{ROOT}:global:ratio-default"
+    if not isinstance(model, str) or len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise ConfigError(f"invalid model name for calibration: {model!r}")
+    if any(c.isspace() for c in model):
+        raise ConfigError(f"invalid model name for calibration: {model!r} contains whitespace")
+    return f"{ROOT}:global:ratio:{model}"
+
+
+# API bookkeeping (appended for the HTTP API) -------------------------------------------------
+
+
+def conv_tally(tenant: str, conv_id: str) -> str:
+    """LIST of running base token counts: element i counts the first i+1 messages."""
+    return f"{_conv(tenant, conv_id)}:tally"
+
+
+def conv_tally_info(tenant: str, conv_id: str) -> str:
+    """HASH saying what the tally counts: `counter` id, chain tip `hash`, and `head_end`."""
+    return f"{_conv(tenant, conv_id)}:tally-info"
+
+
+BROKER_PRIORITY_SEP = "\x06\x16"  # kombu's Redis transport: "<queue><sep><priority>"
+BROKER_PRIORITIES = tuple(range(10))
+
+
+def broker_queues(queue: str) -> list[str]:
+    """The broker's Redis LISTs of a Celery queue: one per priority step (0 is the bare name).
+
+    These are kombu's formats, not ours; every step 0..9 is listed so the sum is right
+    whichever `priority_steps` the workers run with.
+    """
+    return [queue if p == 0 else f"{queue}{BROKER_PRIORITY_SEP}{p}" for p in BROKER_PRIORITIES]

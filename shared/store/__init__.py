@@ -1,0 +1,95 @@
+"""The Redis store: conversations, summary records, calibration, usage, dead letters, leases.
+
+All parts share one sync `redis.Redis` client (thread safe; FastAPI handlers call it from the
+threadpool). Every public method turns Redis connection faults and timeouts into
+`StoreUnavailable`. Key formats are in shared/keys.py.
+
+    store = Store.from_url(settings.redis_url, settings)
+    store.conversations.append(tenant, conv_id, new_messages, expected_length=n)
+    record = store.records.best(tenant, conv_id)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from shared.settings import Settings
+from shared.store.calibration import Calibration, RedisRatios
+from shared.store.client import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, connect, guarded
+from shared.store.conversations import Conversation, ConversationMeta, ConversationStore
+from shared.store.deadletters import DeadLetter, DeadLetters
+from shared.store.leases import HeldLease, Lease
+from shared.store.records import RecordStore
+from shared.store.usage import Usage, UsageStore
+
+__all__ = [
+    "Calibration",
+    "Conversation",
+    "ConversationMeta",
+    "ConversationStore",
+    "DeadLetter",
+    "DeadLetters",
+    "HeldLease",
+    "Lease",
+    "RecordStore",
+    "RedisRatios",
+    "Store",
+    "Usage",
+    "UsageStore",
+]
+
+
+@dataclass(frozen=True)
+class Store:
+    """Every part of the store on one client."""
+
+    client: redis.Redis
+    conversations: ConversationStore
+    records: RecordStore
+    ratios: RedisRatios
+    usage: UsageStore
+    dead_letters: DeadLetters
+    leases: Lease
+
+    @classmethod
+    def from_client(cls, client: redis.Redis, settings: Settings) -> Store:
+        retention = settings.retention_s
+        return cls(
+            client=client,
+            conversations=ConversationStore(client, retention_s=retention),
+            records=RecordStore(client, retention_s=retention),
+            ratios=RedisRatios(client),
+            usage=UsageStore(client),
+            dead_letters=DeadLetters(client, retention_s=retention),
+            leases=Lease(client),
+        )
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        settings: Settings,
+        *,
+        socket_timeout: float = SOCKET_TIMEOUT_S,
+        connect_timeout: float = CONNECT_TIMEOUT_S,
+    ) -> Store:
+        """A store on a new client (no connection is made until the first command)."""
+        client = connect(url, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
+        return cls.from_client(client, settings)
+
+    def ping(self) -> bool:
+        """True if Redis answers now (for readiness checks); never raises."""
+        try:
+            return bool(self._ping())
+        except Exception:
+            return False
+
+    @guarded
+    def _ping(self) -> bool:
+        return bool(self.client.ping())
+
+    def close(self) -> None:
+        """Close the client's connections."""
+        self.client.close()

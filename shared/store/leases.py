@@ -1,0 +1,182 @@
+"""One summarizer per conversation across all workers, and one queued task per trigger.
+
+A lease is a key holding its owner's id with a TTL (SET NX PX). Renewing and releasing are
+compare-and-set in Lua, so a late duplicate task can neither extend nor delete a lease that
+has passed to another worker. `HeldLease` renews in a background thread while the work runs;
+the work calls `check()` before each write and gets `LeaseLost` once the lease is gone.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+
+import redis
+
+from shared import keys
+from shared.errors import ConfigError, LeaseLost, StoreUnavailable
+from shared.logs import get_logger
+from shared.store.client import guarded, text, ttl_ms
+
+log = get_logger(__name__)
+
+# KEYS: lease. ARGV: owner, ttl ms.
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+# KEYS: lease. ARGV: owner.
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+MAX_OWNER_CHARS = 200
+
+
+class Lease:
+    """Conversation leases and enqueue markers of every tenant, on one Redis client."""
+
+    def __init__(self, client: redis.Redis, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._r = client
+        self._clock = clock
+        self._renew = client.register_script(RENEW)
+        self._release = client.register_script(RELEASE)
+
+    @guarded
+    def acquire(self, tenant: str, conv_id: str, owner: str, ttl: float) -> bool:
+        """Take the conversation's lease for `ttl` seconds unless someone holds it."""
+        key = keys.conv_lease(tenant, conv_id)
+        return bool(self._r.set(key, _owner(owner), nx=True, px=ttl_ms(ttl)))
+
+    @guarded
+    def renew(self, tenant: str, conv_id: str, owner: str, ttl: float) -> bool:
+        """Extend the lease to `ttl` seconds from now, only if `owner` still holds it."""
+        key = keys.conv_lease(tenant, conv_id)
+        return bool(self._renew(keys=[key], args=[_owner(owner), ttl_ms(ttl)]))
+
+    @guarded
+    def release(self, tenant: str, conv_id: str, owner: str) -> bool:
+        """Give the lease up, only if `owner` holds it; True if it was released."""
+        key = keys.conv_lease(tenant, conv_id)
+        return bool(self._release(keys=[key], args=[_owner(owner)]))
+
+    @guarded
+    def owner(self, tenant: str, conv_id: str) -> str | None:
+        """Who holds the conversation's lease now, if anyone."""
+        raw = self._r.get(keys.conv_lease(tenant, conv_id))
+        return text(raw) if raw is not None else None
+
+    def hold(self, tenant: str, conv_id: str, owner: str, ttl: float) -> HeldLease | None:
+        """Acquire and return a `HeldLease` (use it as a context manager); None if taken."""
+        started = self._clock()
+        if not self.acquire(tenant, conv_id, owner, ttl):
+            return None
+        return HeldLease(self, tenant, conv_id, owner, ttl, valid_until=started + ttl)
+
+    @guarded
+    def claim_enqueue(self, tenant: str, conv_id: str, key: str, ttl: float) -> bool:
+        """True for the first caller per (conversation, key) within `ttl` seconds.
+
+        Lets 50 triggers for one conversation and target enqueue one task: only the caller
+        that gets True enqueues. The worker clears the marker when done (`clear_enqueue`).
+        """
+        marker = keys.conv_pending(tenant, conv_id, key)
+        return bool(self._r.set(marker, b"1", nx=True, px=ttl_ms(ttl)))
+
+    @guarded
+    def clear_enqueue(self, tenant: str, conv_id: str, key: str) -> None:
+        """Drop the marker so a later trigger for the same key can enqueue again."""
+        self._r.delete(keys.conv_pending(tenant, conv_id, key))
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+
+class HeldLease:
+    """A held lease renewed every ttl/3 in a daemon thread until the `with` block ends.
+
+    The lease counts as lost once a renewal is refused, or once `ttl` has passed since the
+    last renewal known to have succeeded (Redis unreachable meanwhile): either way another
+    worker may hold it now, so `check()` raises `LeaseLost`.
+    """
+
+    def __init__(
+        self,
+        leases: Lease,
+        tenant: str,
+        conv_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        valid_until: float,
+    ) -> None:
+        self._leases = leases
+        self.tenant, self.conv_id, self.owner, self.ttl = tenant, conv_id, owner, ttl
+        self._valid_until = valid_until
+        self._refused = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"lease-{conv_id}", daemon=True)
+
+    @property
+    def lost(self) -> bool:
+        return self._refused or self._leases.clock() >= self._valid_until
+
+    def check(self) -> None:
+        """Raise `LeaseLost` if the lease may now belong to someone else."""
+        if self.lost:
+            raise LeaseLost(f"lease on conversation {self.conv_id!r} lost by {self.owner!r}")
+
+    def __enter__(self) -> HeldLease:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop renewing and release (a no-op if the lease already passed to another owner)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        try:
+            self._leases.release(self.tenant, self.conv_id, self.owner)
+        except StoreUnavailable:
+            # It expires on its own within ttl.
+            log.warning("lease.release_failed", tenant=self.tenant, conv_id=self.conv_id)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            started = self._leases.clock()
+            try:
+                renewed = self._leases.renew(self.tenant, self.conv_id, self.owner, self.ttl)
+            except Exception as exc:  # keep trying: check() turns a long outage into LeaseLost
+                log.warning(
+                    "lease.renew_failed",
+                    tenant=self.tenant,
+                    conv_id=self.conv_id,
+                    error=type(exc).__name__,
+                )
+                continue
+            if not renewed:
+                self._refused = True
+                log.warning("lease.lost", tenant=self.tenant, conv_id=self.conv_id)
+                return
+            self._valid_until = started + self.ttl
+
+
+def _owner(owner: str) -> str:
+    if not isinstance(owner, str) or not owner or len(owner) > MAX_OWNER_CHARS:
+        raise ConfigError(f"lease owner must be a non-empty string of at most {MAX_OWNER_CHARS}")
+    return owner

@@ -1,0 +1,44 @@
+"""Test helpers: sample chats and a look at the raw keys of one tenant."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import redis
+
+from shared.messages import Message
+
+
+def tenant_keys(client: redis.Redis, tenant: str) -> set[str]:
+    """Every key under the tenant's namespace (SCAN, never KEYS)."""
+    return {k.decode() for k in client.scan_iter(match=f"prefit:v1:{{{tenant}}}:*", count=1000)}
+
+
+def chat(n: int, tag: str = "m") -> list[Message]:
+    """n alternating user/assistant messages with distinct text."""
+    roles = ("user", "assistant")
+    return [{"role": roles[i % 2], "content": f"{tag}{i}"} for i in range(n)]
+
+
+def run_threads(fn: Callable[[int], object], n: int) -> list[object]:
+    """Run fn(0..n-1) on n threads at once; return their results, re-raising any failure."""
+    barrier = threading.Barrier(n)
+    results: list[object] = [None] * n
+    errors: list[BaseException] = []
+
+    def target(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = fn(i)
+        except BaseException as exc:  # surfaced below: a thread's failure must fail the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results

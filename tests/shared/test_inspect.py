@@ -1,0 +1,42 @@
+"""`prefit inspect`: a picture of what prepare keeps, shortens, clears, summarizes or drops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shared.inspect import main
+from tests.conftest import needs_transcripts
+from tests.shared.strategies.test_strategies import agent
+
+
+def test_picture_shows_every_fate_with_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A long agent run shows head, cleared and kept groups and the token totals."""
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"messages": agent(60)}))
+    assert main([str(path), "--window", "12000", "--reserve-output", "1000", "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert "122 messages, 61 turn groups; budget 11000 tokens" in out
+    for fate in ("head", "kept", "cleared"):
+        assert fate in out
+    assert "applied: ClearToolResults" in out
+
+
+def test_unreadable_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A malformed transcript exits 2 with the reason, not a traceback."""
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps([{"role": "wizard", "content": "x"}]))
+    assert main([str(path), "--window", "8000"]) == 2
+    assert "message 0: unknown role 'wizard'" in capsys.readouterr().err
+
+
+@needs_transcripts
+def test_real_transcript_with_exact_counter(capsys: pytest.CaptureFixture[str], tiktoken_dir: Path) -> None:
+    """Works on a real transcript with the tiktoken counter."""
+    from tests.conftest import TRANSCRIPTS
+
+    path = TRANSCRIPTS / "mswea_gemini3pro__django__django-13933.json"
+    assert main([str(path), "--window", "32000", "--counter", "tiktoken", "--no-color"]) == 0
+    assert "132 messages" in capsys.readouterr().out
