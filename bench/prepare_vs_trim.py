@@ -1,4 +1,4 @@
-"""Replay the largest real transcripts turn by turn: prefit's prepare against langchain-core's trim_messages.
+"""Replay real transcripts turn by turn: prefit's prepare against langchain-core's trim_messages.
 
 Both get the same inputs (the transcript as a client would resend it on every turn), the same
 token counter object (with its content-keyed cache) and the same budget. langchain works on
@@ -15,7 +15,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
+from functools import partial
 from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_openai_messages, trim_messages
@@ -30,7 +30,9 @@ SIZES = (250, 500, 750, 1000)
 
 def long_session(target: int = 1000) -> list[Message]:
     """One long agent session: the real coding-agent transcripts, one task after another."""
-    files = sorted((p for p in transcript_files() if p.name.startswith("mswea")), key=lambda p: p.name)
+    files = sorted(
+        (p for p in transcript_files() if p.name.startswith("mswea")), key=lambda p: p.name
+    )
     out: list[Message] = []
     for path in files:
         msgs = load_transcript(path)["messages"]
@@ -47,7 +49,9 @@ def _time(fn: Callable[[], Any]) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def replay(msgs: list[Message], counter: TokenCounter, window: int, every: int) -> dict[str, list[tuple[int, float]]]:
+def replay(
+    msgs: list[Message], counter: TokenCounter, window: int, every: int
+) -> dict[str, list[tuple[int, float]]]:
     """ms per call for both, at every `every`-th turn boundary."""
     policy = ContextPolicy(window, counter=counter)
     budget = policy.budget(None)
@@ -58,20 +62,18 @@ def replay(msgs: list[Message], counter: TokenCounter, window: int, every: int) 
     out: dict[str, list[tuple[int, float]]] = {"prefit": [], "trim_messages": []}
     loop = asyncio.new_event_loop()
     ends = [b for _, b in groups(msgs)][::every]
+    trim = partial(
+        trim_messages,
+        max_tokens=budget,
+        token_counter=lc_count,
+        strategy="last",
+        include_system=True,
+        start_on="human",
+    )
     for end in ends:
         turn = msgs[:end]
-        out["prefit"].append((end, _time(lambda: loop.run_until_complete(policy.prepare(turn)))))
-        out["trim_messages"].append(
-            (
-                end,
-                _time(
-                    lambda: trim_messages(
-                        turn, max_tokens=budget, token_counter=lc_count, strategy="last",
-                        include_system=True, start_on="human",
-                    )
-                ),
-            )
-        )
+        out["prefit"].append((end, _time(partial(loop.run_until_complete, policy.prepare(turn)))))
+        out["trim_messages"].append((end, _time(partial(trim, turn))))
     loop.close()
     return out
 

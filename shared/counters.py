@@ -7,14 +7,17 @@ its messages, its tool specs (their canonical JSON) and the counter's `priming`:
 
     count(messages, tools) == sum(count_message(m) for m in messages) + count_tools(tools) + priming
 
-Per-message counts are cached by content (`message_key`), never by object identity, in a
-bounded `CountCache`, so counting a transcript that grew by one message tokenizes only the
-new message; the rest is one dictionary lookup per message. Calibration (`CalibratedCounter`,
-`RatioStore`, ...) lives in shared/calibration.py and is re-exported here.
+Counts are remembered by content, never by object identity, at two levels: the transcript
+counted last is kept as private copies (`RecentTranscript`), so the same transcript, or one
+grown by a message, is matched by C-level list equality; any other message is looked up by
+its content key (`message_key`) in a bounded `CountCache`. Either way only new content is
+tokenized. Calibration (`CalibratedCounter`, `RatioStore`, ...) lives in
+shared/calibration.py and is re-exported here.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from abc import ABC, abstractmethod
@@ -30,17 +33,10 @@ from shared.calibration import (
     ScaledCounter,
     smoothed,
 )
-from shared.countcache import (
-    CountCache,
-    Key,
-    KeyFields,
-    checked_key,
-    fields,
-    message_key,
-    missing,
-)
+from shared.countcache import CountCache, RecentTranscript, missing
 from shared.encodings import load_encoding
 from shared.errors import ConfigError, InvalidTranscript
+from shared.messagekeys import Key, KeyFields, checked_key, fields, message_key
 from shared.messages import Message, ToolSpec
 
 __all__ = [
@@ -83,13 +79,15 @@ class TokenCounter(Protocol):
         ...
 
 
-class _CachedCounter(ABC):
+class CachedCounter(ABC):
     """A counter whose per-message count is a pure function of `message_key(message)`."""
 
     priming = 0  # tokens added once per request (the reply's start)
 
     def __init__(self, cache: CountCache | None) -> None:
         self.cache = cache if cache is not None else CountCache()
+        self.recent = RecentTranscript()
+        self._last_tools: tuple[list[ToolSpec], int] | None = None
 
     @abstractmethod
     def _measure(self, parts: KeyFields) -> int:
@@ -102,30 +100,55 @@ class _CachedCounter(ABC):
     def count(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
     ) -> int:
-        """Tokens for sending `messages` with `tools`: cached messages cost one lookup each."""
-        keys = _keys(messages)
-        try:
-            values = self.cache.get_many(keys)
-            if None in values:
-                for i in missing(values):
-                    values[i] = self._cached_measure(keys[i])
-        except (TypeError, InvalidTranscript):  # a field of a wrong type: say which message
-            raise _fault(messages) from None
-        return sum(cast(list[int], values)) + self.count_tools(tools, model) + self.priming
+        """Tokens for sending `messages` with `tools`: known messages cost next to nothing."""
+        return sum(self.message_counts(messages)) + self.count_tools(tools, model) + self.priming
+
+    def message_counts(self, messages: Sequence[Message], model: str | None = None) -> list[int]:
+        """`[count_message(m) for m in messages]`, at the cost of one count()."""
+        msgs = messages if type(messages) is list else list(messages)
+        known = self.recent.known(msgs)
+        k = len(known)
+        counts = known + self._by_key(msgs, k) if k < len(msgs) else known
+        self.recent.remember(msgs, k, counts)
+        return counts
 
     def count_message(self, message: Message, model: str | None = None) -> int:
         """Tokens of one message, overheads included (cached by content)."""
         try:
             key = message_key(message)
-            found = self.cache.get_many([key])[0]
+            found = self.cache.get(key)
             return found if found is not None else self._cached_measure(key)
         except (AttributeError, TypeError, InvalidTranscript):
             fields(checked_key(message))  # raises the precise reason
             raise
 
+    def _by_key(self, messages: list[Message], start: int) -> list[int]:
+        """Counts of `messages[start:]` through the content-keyed cache."""
+        try:
+            keys = list(map(message_key, messages[start:]))
+            values = self.cache.get_many(keys)
+            if None in values:
+                for i in missing(values):
+                    values[i] = self._cached_measure(keys[i])
+        except (AttributeError, TypeError, InvalidTranscript):  # say which message is at fault
+            raise _fault(messages, start) from None
+        return cast(list[int], values)
+
     def count_tools(self, tools: Sequence[ToolSpec], model: str | None = None) -> int:
-        """Tokens of the tool specs: their canonical JSON; 0 when there are none."""
-        return self._tools_tokens(tools_json(tools)) if tools else 0
+        """Tokens of the tool specs: their canonical JSON; 0 when there are none.
+
+        The last specs seen are remembered (a deep copy): a request's tools rarely change,
+        and comparing them to the copy costs a few microseconds where JSON costs hundreds.
+        """
+        if not tools:
+            return 0
+        specs = list(tools)
+        last = self._last_tools
+        if last is not None and last[0] == specs:
+            return last[1]
+        tokens = self._tools_tokens(tools_json(specs))
+        self._last_tools = (copy.deepcopy(specs), tokens)
+        return tokens
 
     def _cached_measure(self, key: Key) -> int:
         value = self._measure(fields(key))
@@ -133,7 +156,7 @@ class _CachedCounter(ABC):
         return value
 
 
-class HeuristicCounter(_CachedCounter):
+class HeuristicCounter(CachedCounter):
     """chars / chars_per_token (rounded up) plus fixed per-message and per-tool-call overheads.
 
     3.5 characters per token errs on the high side for English prose and is about right for
@@ -178,7 +201,7 @@ class HeuristicCounter(_CachedCounter):
         return self._chars(len(spec_json))
 
 
-class TiktokenCounter(_CachedCounter):
+class TiktokenCounter(CachedCounter):
     """Exact token counts of the text with a tiktoken encoding, plus the chat format's framing.
 
     Framing, after OpenAI's cookbook (which uses 3 per message, 1 per `name`, 3 of priming):
@@ -241,18 +264,11 @@ def tools_json(tools: Sequence[ToolSpec]) -> str:
         raise InvalidTranscript(f"tool specs are not JSON: {exc}") from None
 
 
-def _keys(messages: Sequence[Message]) -> list[Key]:
-    try:
-        return list(map(message_key, messages))
-    except (AttributeError, TypeError, InvalidTranscript):
-        raise _fault(messages) from None
-
-
-def _fault(messages: Sequence[Message]) -> InvalidTranscript:
+def _fault(messages: Sequence[Message], start: int = 0) -> InvalidTranscript:
     """The first malformed message, found the slow way (only once counting has failed)."""
-    for i, m in enumerate(messages):
+    for i in range(start, len(messages)):
         try:
-            fields(checked_key(m))
+            fields(checked_key(messages[i]))
         except InvalidTranscript as exc:
             return InvalidTranscript(exc.reason, i)
     return InvalidTranscript("a message changed while it was being counted")

@@ -64,6 +64,10 @@ class StoreUnavailable(PrefitError):
     """Redis (store or broker) cannot be reached right now."""
 
 
+class ServiceUnavailable(PrefitError):
+    """The prefit service itself cannot be reached (client side)."""
+
+
 class Unauthorized(PrefitError):
     """A request carried no API key, or one that matches no tenant."""
 

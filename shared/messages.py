@@ -61,13 +61,19 @@ def validate(transcript: Any) -> list[Message]:
     """Check a transcript and return it as a list; raise `InvalidTranscript` on the first fault."""
     if not isinstance(transcript, list | tuple):
         raise InvalidTranscript(f"transcript must be a list of messages, got {_kind(transcript)}")
-    pending: set[str] | None = None  # ids of the open assistant tool calls, by position
-    for i, m in enumerate(transcript):
-        # fast path for the commonest shape; everything else gets every check
-        if type(m) is dict and len(m) == 2 and m.get("role") in _PLAIN:
-            if type(m.get("content")) is str:
-                pending = None
-                continue
+    msgs = transcript if type(transcript) is list else list(transcript)
+    validate_from(msgs, 0, None)
+    return msgs
+
+
+def validate_from(msgs: list[Message], start: int, pending: set[str] | None) -> set[str] | None:
+    """Check `msgs[start:]`, given the open tool-call ids at `start`; return those at the end."""
+    for i in range(start, len(msgs)):
+        m = msgs[i]
+        fast = _fast(m, pending)  # the common shapes, checked in a few C-level operations
+        if fast is not _SLOW:
+            pending = fast
+            continue
         _check_message(m, i)
         if m["role"] == "tool":
             pending = _check_tool_result(m, i, pending)
@@ -75,7 +81,48 @@ def validate(transcript: Any) -> list[Message]:
             pending = {c["id"] for c in m["tool_calls"]}
         else:
             pending = None
-    return list(transcript)
+    return pending
+
+
+_SLOW: Any = object()
+_TOOL_KEYS = frozenset({"role", "content", "tool_call_id", "name"})
+_CALLER_KEYS = frozenset({"role", "content", "tool_calls"})
+_CALL_KEYS = frozenset({"id", "type", "function"})
+
+
+def _fast(m: Any, pending: set[str] | None) -> Any:
+    """The new `pending` for a message of a common, valid shape; `_SLOW` for anything else."""
+    if type(m) is not dict:
+        return _SLOW
+    role, content = m.get("role"), m.get("content")
+    if len(m) == 2 and type(content) is str and role in _PLAIN:
+        return None
+    if role == "tool":
+        call_id = m.get("tool_call_id")
+        ok = type(content) is str and type(call_id) is str and m.keys() <= _TOOL_KEYS
+        if ok and pending and call_id in pending and type(m.get("name", "")) is str:
+            return pending
+        return _SLOW
+    calls = m.get("tool_calls")
+    if role != "assistant" or type(calls) is not list or not calls:
+        return _SLOW
+    if not m.keys() <= _CALLER_KEYS:
+        return _SLOW
+    if content is not None and type(content) is not str:
+        return _SLOW
+    ids = set()
+    for call in calls:
+        fn = call.get("function") if type(call) is dict else None
+        if type(fn) is not dict or not call.keys() <= _CALL_KEYS or type(fn.get("name")) is not str:
+            return _SLOW
+        if (
+            type(fn.get("arguments", "")) is not str
+            or type(call.get("id")) is not str
+            or not call["id"]
+        ):
+            return _SLOW
+        ids.add(call["id"])
+    return ids
 
 
 def _check_tool_result(m: Message, i: int, pending: set[str] | None) -> set[str]:

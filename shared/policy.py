@@ -11,7 +11,7 @@ from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
 from shared.errors import ConfigError, DoesNotFit, UnknownModel
 from shared.hashing import prefix_hash
 from shared.llm import LLMClient
-from shared.messages import Message, ToolSpec, groups, head_end, validate
+from shared.messages import Message, ToolSpec, groups, head_end
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -25,6 +25,7 @@ from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarize import plan_cut, summary_message
 from shared.summarizers import LLMSummarizer, Summarizer
+from shared.validation import ValidatedPrefixes
 
 State = Literal["under", "nearing", "over"]
 
@@ -91,6 +92,7 @@ class ContextPolicy:
         self.keep_recent = keep_recent
         self.keep_first_user = keep_first_user
         self.precompute_at = precompute_at
+        self._validated = ValidatedPrefixes()
         self.counter: TokenCounter = counter or CalibratedCounter(HeuristicCounter())
         self.summarizer = _as_summarizer(summarizer, summarizer_model)
         default_summarize = Summarize(
@@ -184,7 +186,7 @@ class ContextPolicy:
         """The messages to send for `transcript` (see the reference for `pressure`)."""
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
-        messages = validate(transcript)
+        messages = self._validated.validate(transcript)
         limits = self.limits(model)
         sizes = SizeMemo()
         raw = measure(self._counter(model), messages, tools, model, sizes)

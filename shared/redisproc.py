@@ -185,6 +185,7 @@ class RedisProcess:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a terminal's Ctrl-C is for our supervisor, not for Redis
         )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:

@@ -27,11 +27,14 @@ from shared.store.chain import EMPTY
 from shared.store.client import guarded, text, ttl_ms
 
 # KEYS: tally, info. ARGV: ttl ms, counter id, old hash, old length, new hash, head end, n,
-# then n cumulative counts. On a mismatch the tally is dropped, so the next reader rebuilds it.
+# then n cumulative counts. A conversation's first append finds no tally (nothing to extend
+# but nothing). On a mismatch the tally is dropped, so the next reader rebuilds it.
 EXTEND = """
 local counter = redis.call('HGET', KEYS[2], 'counter')
 local hash = redis.call('HGET', KEYS[2], 'hash')
-if counter ~= ARGV[2] or hash ~= ARGV[3] or redis.call('LLEN', KEYS[1]) ~= tonumber(ARGV[4]) then
+local ok = counter == ARGV[2] and hash == ARGV[3]
+if not counter and tonumber(ARGV[4]) == 0 then ok = true end
+if not ok or redis.call('LLEN', KEYS[1]) ~= tonumber(ARGV[4]) then
   redis.call('DEL', KEYS[1], KEYS[2])
   return 0
 end
@@ -42,7 +45,7 @@ while i <= 7 + n do
   redis.call('RPUSH', KEYS[1], unpack(ARGV, i, j))
   i = j + 1
 end
-redis.call('HSET', KEYS[2], 'hash', ARGV[5], 'head_end', ARGV[6])
+redis.call('HSET', KEYS[2], 'counter', ARGV[2], 'hash', ARGV[5], 'head_end', ARGV[6])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return 1

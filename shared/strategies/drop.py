@@ -23,10 +23,12 @@ class DropOldest:
         return "DropOldest()"
 
     async def apply(self, work: Work) -> None:
+        origin, head, tail = work.origin, work.head_end, work.tail_start
+        # a group's origins are contiguous, and prefit's own messages (-1) stand alone
         spans = [
-            tuple(work.origin[a:b])
+            tuple(origin[a:b])
             for a, b in groups(work.messages)
-            if all(not work.protected(i) and work.origin[i] != SYNTHETIC for i in range(a, b))
+            if origin[a] >= head and origin[a] != SYNTHETIC and origin[b - 1] < tail
         ]
         if not spans:
             return

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.calibration import ScaledCounter, scale
-from shared.counters import TokenCounter, _CachedCounter
+from shared.counters import CachedCounter, TokenCounter
 from shared.hashing import prefix_hashes
 from shared.messages import Message, ToolSpec
 from shared.summaries import SummaryBook, SummaryRecord
@@ -31,14 +31,19 @@ class SizeMemo:
 
     def total(
         self,
-        base: _CachedCounter,
+        base: CachedCounter,
         messages: Sequence[Message],
         tools: Sequence[ToolSpec],
         model: str | None,
     ) -> int:
         """Uncalibrated `base.count(messages, tools, model)`, sizing only unseen messages."""
-        get = self._size.get
-        sizes = [get(id(m)) for m in messages]
+        if not self._size:  # first measure of a call: one bulk count through the cache
+            sizes: list[int | None] = list(base.message_counts(messages, model))
+            self._size.update(zip(map(id, messages), sizes, strict=True))  # type: ignore[arg-type]
+            self._keep.extend(messages)
+        else:
+            get = self._size.get
+            sizes = [get(id(m)) for m in messages]
         if None in sizes:
             for i, value in enumerate(sizes):
                 if value is None:
@@ -68,11 +73,11 @@ def measure(
     return scale(ratio, memo.total(base, messages, tools, model))
 
 
-def _parts(counter: TokenCounter, model: str | None) -> tuple[_CachedCounter | None, float]:
+def _parts(counter: TokenCounter, model: str | None) -> tuple[CachedCounter | None, float]:
     """The cached base counter and calibration ratio behind `counter`, when it has them."""
-    if isinstance(counter, _CachedCounter):
+    if isinstance(counter, CachedCounter):
         return counter, 1.0
-    if isinstance(counter, ScaledCounter) and isinstance(counter.base, _CachedCounter):
+    if isinstance(counter, ScaledCounter) and isinstance(counter.base, CachedCounter):
         return counter.base, counter.ratio
     return None, 1.0
 

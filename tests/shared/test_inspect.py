@@ -12,7 +12,9 @@ from tests.conftest import needs_transcripts
 from tests.shared.strategies.test_strategies import agent
 
 
-def test_picture_shows_every_fate_with_figures(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_picture_shows_every_fate_with_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A long agent run shows head, cleared and kept groups and the token totals."""
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"messages": agent(60)}))
@@ -24,7 +26,9 @@ def test_picture_shows_every_fate_with_figures(tmp_path: Path, capsys: pytest.Ca
     assert "applied: ClearToolResults" in out
 
 
-def test_unreadable_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unreadable_file_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A malformed transcript exits 2 with the reason, not a traceback."""
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([{"role": "wizard", "content": "x"}]))
@@ -33,7 +37,9 @@ def test_unreadable_file_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
 
 
 @needs_transcripts
-def test_real_transcript_with_exact_counter(capsys: pytest.CaptureFixture[str], tiktoken_dir: Path) -> None:
+def test_real_transcript_with_exact_counter(
+    capsys: pytest.CaptureFixture[str], tiktoken_dir: Path
+) -> None:
     """Works on a real transcript with the tiktoken counter."""
     from tests.conftest import TRANSCRIPTS
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from shared import keys
-from shared.errors import ConfigError, InvalidId, InvalidTranscript, LengthMismatch, NotFound
+from shared.errors import InvalidId, InvalidTranscript, LengthMismatch, NotFound
 from shared.hashing import canonical, prefix_hashes
 from shared.store import Store
 from shared.summaries import SummaryRecord

@@ -19,7 +19,10 @@ COUNTER = HeuristicCounter()
 
 
 def agent(turns: int, output: str = "o" * 500) -> list[Message]:
-    msgs: list[Message] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
+    msgs: list[Message] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "task"},
+    ]
     for i in range(turns):
         call = {"id": f"c{i}", "type": "function", "function": {"name": "run", "arguments": "{}"}}
         msgs += [
@@ -74,7 +77,9 @@ def test_clear_never_touches_the_protected_tail() -> None:
     """Even with keep_last=0, tool results in the recent tail keep their content."""
     msgs = agent(6)
     work = apply(ClearToolResults(keep_last=0), work_for(msgs, keep_recent=2))
-    assert [m["content"] == PLACEHOLDER for m in work.messages if m["role"] == "tool"] == [True] * 4 + [False] * 2
+    assert [m["content"] == PLACEHOLDER for m in work.messages if m["role"] == "tool"] == [
+        True
+    ] * 4 + [False] * 2
 
 
 def test_drop_oldest_removes_whole_groups_until_target() -> None:

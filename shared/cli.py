@@ -1,0 +1,147 @@
+"""The `prefit` console script: `up`, `worker`, `demo` and `inspect`.
+
+- `prefit up`: the whole service on one machine (embedded Redis unless REDIS_URL is set).
+- `prefit worker`: become a Celery summary worker with the project's settings.
+- `prefit demo FILE | --generate`: replay a conversation against a running service.
+- `prefit inspect ...`: shared/inspect.py, imported only when asked for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from shared.client import PrefitClient
+from shared.demo import DemoOptions, generate_conversation, load_conversation, replay
+from shared.errors import PrefitError
+from shared.logs import configure_logging
+from shared.service import UpOptions, run_up, worker_argv
+from shared.settings import Settings, get_settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `prefit` console script; returns the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "inspect":
+        return _inspect(args[1:])
+    ns = build_parser().parse_args(args)
+    settings = get_settings()
+    configure_logging(json=settings.log_json, level=settings.log_level)
+    command: Callable[[argparse.Namespace, Settings], int] = ns.command
+    return command(ns, settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="prefit", description="Keep long LLM conversations inside the model's window."
+    )
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
+
+    up = sub.add_parser("up", help="run the API, a worker and (unless REDIS_URL is set) Redis")
+    up.add_argument("--host", help="interface of the API (default: PREFIT_HOST or 127.0.0.1)")
+    up.add_argument("--port", type=int, help="port of the API (default: PREFIT_PORT or 8000)")
+    up.add_argument("--workers", type=_positive, default=1, help="API processes (default 1)")
+    up.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop")
+    up.add_argument("--redis-dir", type=Path, help="persist the embedded Redis (AOF) here")
+    up.set_defaults(command=_up)
+
+    worker = sub.add_parser("worker", help="run a Celery summary worker (replaces this process)")
+    worker.add_argument(
+        "--concurrency", type=_positive, help="threads (default: PREFIT_WORKER_CONCURRENCY)"
+    )
+    worker.set_defaults(command=_worker)
+
+    demo = sub.add_parser("demo", help="replay a conversation against a running service")
+    source = demo.add_mutually_exclusive_group(required=True)
+    source.add_argument("file", nargs="?", type=Path, help="transcript JSON ({messages, tools?})")
+    source.add_argument("--generate", action="store_true", help="a synthetic agent session")
+    demo.add_argument("--turns", type=_positive, default=60, help="tool calls to generate")
+    demo.add_argument("--url", default="http://127.0.0.1:8000", help="the service's base URL")
+    demo.add_argument("--model", default="gpt-4o")
+    demo.add_argument("--window", type=_positive, default=16000, help="max input tokens")
+    demo.add_argument("--api-key", help="bearer key (default: the first of PREFIT_API_KEYS)")
+    demo.add_argument("--conversation", default="", help="conversation id (default: random)")
+    demo.add_argument("--wait-ms", type=int, default=0, help="prepare may wait for a summary")
+    demo.add_argument("--pace", type=float, default=0.0, help="seconds between turns")
+    demo.add_argument("--no-color", action="store_true")
+    demo.set_defaults(command=_demo)
+
+    # Listed for --help only: main() hands `inspect` and everything after it to shared.inspect.
+    sub.add_parser("inspect", help="show what prepare does to a transcript (see inspect -h)")
+    return parser
+
+
+def _up(ns: argparse.Namespace, settings: Settings) -> int:
+    opts = UpOptions(
+        host=ns.host or settings.host,
+        port=ns.port if ns.port is not None else settings.port,
+        workers=ns.workers,
+        grace_s=ns.grace,
+        redis_dir=ns.redis_dir,
+    )
+    # The children inherit this environment (PATH, PREFIT_*), plus the Redis they are given.
+    return run_up(opts, settings, dict(os.environ), sys.stdout)
+
+
+def _worker(ns: argparse.Namespace, settings: Settings) -> int:
+    _exec(worker_argv(settings, ns.concurrency))
+
+
+def _exec(argv: list[str]) -> NoReturn:
+    sys.stdout.flush()
+    os.execv(argv[0], argv)
+
+
+def _demo(ns: argparse.Namespace, settings: Settings) -> int:
+    try:
+        if ns.generate:
+            messages, tools = generate_conversation(ns.turns)
+        else:
+            messages, tools = load_conversation(ns.file)
+    except (OSError, ValueError) as exc:  # InvalidTranscript and JSON errors are ValueErrors
+        print(f"prefit demo: cannot read {ns.file}: {exc}", file=sys.stderr)
+        return 2
+    opts = DemoOptions(
+        model=ns.model,
+        window=ns.window,
+        conversation_id=ns.conversation,
+        wait_ms=ns.wait_ms,
+        pace_s=ns.pace,
+        color=not ns.no_color and sys.stdout.isatty(),
+    )
+    key = ns.api_key or _first_key(settings.api_keys)
+    try:
+        with PrefitClient(ns.url, key) as client:
+            return replay(client, messages, tools, opts, sys.stdout)
+    except PrefitError as exc:
+        print(f"prefit demo: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _first_key(api_keys: str) -> str | None:
+    """The key of the first `tenant:key` pair of PREFIT_API_KEYS, for a local demo."""
+    first = api_keys.split(",")[0].strip()
+    return first.split(":", 1)[1] if ":" in first else None
+
+
+def _inspect(argv: list[str]) -> int:
+    # Hook for `prefit inspect` (shared/inspect.py, the lead's): imported lazily so the other
+    # commands never pay for its imports, and it parses its own options.
+    module = importlib.import_module("shared.inspect")
+    return int(module.main(argv))
+
+
+def _positive(value: str) -> int:
+    number = int(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return number
+
+
+if __name__ == "__main__":
+    sys.exit(main())

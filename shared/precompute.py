@@ -1,0 +1,268 @@
+"""Summaries ahead of time: what one summary job does, whoever runs it (a Celery task, a test).
+
+`run_job` reads the conversation and its summary book from the store, asks the policy which
+record is due (`ContextPolicy.plan_summary`), and writes it while holding the conversation's
+lease. The lease makes one summarizer at a time per conversation across every worker; the
+book is re-read once the lease is held, so a duplicate job that acquires after the holder
+finished plans nothing and calls no LLM.
+
+A job that finds the lease held ends as `busy` instead of waiting: the holder re-plans on the
+stored transcript after it releases (the loop in `run_job`), so it covers whatever the
+duplicate would have planned. Fifty triggers at once thus cost one LLM call per range and
+forty-nine Redis reads, and no worker slot sits waiting on a lease.
+
+Nothing here logs message text: ids, hashes, counts and sizes only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.errors import LeaseLost, NotFound
+from shared.jobs import SummaryJob
+from shared.logs import get_logger
+from shared.policy import ContextPolicy, SummaryPlan
+from shared.settings import Settings
+from shared.store import HeldLease, Store
+from shared.store.conversations import Conversation
+from shared.summaries import SummaryBook
+from shared.summarize import build_record
+from shared.summarizers import Summarizer
+
+Status = Literal["written", "not_due", "busy", "stale_job", "exists"]
+
+# Rounds of (plan, lease, write) per job: a conversation growing while its summary is made
+# gets the next record from the same job, but a job never loops for ever on a busy stream.
+MAX_ROUNDS = 4
+
+# One process-wide base counter: its per-message cache is shared by every task thread.
+_BASE_COUNTER = HeuristicCounter()
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a job did. `status` is the last round's, upgraded by any record written before.
+
+    - written: this job wrote a record (`upto`, `prefix_hash` name the last one);
+    - exists: the planned record already existed (another conversation of the tenant with
+      the same prefix, or a racing worker): it was linked, no LLM was called;
+    - not_due: no record is due (the book already suffices);
+    - busy: another worker holds the conversation's lease (`holder`); it will cover this;
+    - stale_job: the conversation no longer exists (deleted or expired).
+
+    `prefix_changed` says the stored transcript no longer starts with the job's prefix (it
+    was replaced or cut): the job was planned on the current transcript anyway.
+    """
+
+    status: Status
+    upto: int | None = None
+    prefix_hash: str | None = None
+    records: int = 0
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float = 0.0
+    prefix_changed: bool = False
+    holder: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def counter_for(store: Store, model: str | None) -> TokenCounter:
+    """The API's counter (heuristic, calibrated by the shared Redis ratios), read once per job."""
+    return CalibratedCounter(_BASE_COUNTER, ratios=store.ratios).scaled(model)
+
+
+def policy_for(job: SummaryJob, settings: Settings, counter: TokenCounter) -> ContextPolicy:
+    """The policy the API used to enqueue `job`: the job's window, the settings' thresholds."""
+    return ContextPolicy(
+        job.max_input_tokens,
+        reserve_output=job.reserve_output,
+        trigger=settings.trigger,
+        target=settings.target,
+        keep_recent=settings.keep_recent,
+        counter=counter,
+        precompute_at=settings.precompute_at,
+        chunk_tokens=settings.chunk_tokens,
+        max_summary_tokens=settings.max_summary_tokens,
+        keep_tokens_ratio=settings.keep_tokens_ratio,
+    )
+
+
+async def run_job(
+    job: SummaryJob,
+    *,
+    store: Store,
+    summarizer: Summarizer,
+    settings: Settings,
+    owner: str,
+    counter: TokenCounter | None = None,
+) -> Outcome:
+    """Write the summary records `job`'s conversation needs now, if any (see `Outcome`).
+
+    Raises what the summarizer raises (`RetryableLLMError`, `LLMError`, ...), `LeaseLost`
+    when the lease was lost mid-summary (nothing is written then) and `StoreUnavailable`.
+    """
+    ctx = {"tenant": job.tenant, "conversation_id": job.conversation_id, "owner": owner}
+    runner = _Runner(job, store, summarizer, settings, owner, counter, ctx)
+    outcome = await runner.run()
+    log.info("summary.job_finished", **ctx, **outcome.to_dict())
+    return outcome
+
+
+class _Runner:
+    """One job's rounds, with the running totals of what they cost."""
+
+    def __init__(
+        self,
+        job: SummaryJob,
+        store: Store,
+        summarizer: Summarizer,
+        settings: Settings,
+        owner: str,
+        counter: TokenCounter | None,
+        ctx: dict[str, Any],
+    ) -> None:
+        self.job, self.store, self.summarizer = job, store, summarizer
+        self.settings, self.owner, self.ctx = settings, owner, ctx
+        self.policy = policy_for(job, settings, counter or counter_for(store, job.model))
+        self.total = Outcome("not_due")
+
+    async def run(self) -> Outcome:
+        for round_ in range(MAX_ROUNDS):
+            state = self._read()
+            if state is None:
+                return replace(self.total, status="stale_job")
+            if round_ == 0 and not _starts_with(state[0], self.job):
+                self.total = replace(self.total, prefix_changed=True)
+                log.info("summary.prefix_changed", **self.ctx, job_length=self.job.length,
+                         length=state[0].meta.length)
+            if self._plan(*state) is None:  # cheap check before touching the lease
+                break
+            held = self.store.leases.hold(
+                self.job.tenant, self.job.conversation_id, self.owner, self.settings.lease_ttl_s
+            )
+            if held is None:
+                holder = self.store.leases.owner(self.job.tenant, self.job.conversation_id)
+                return self._busy(holder)
+            with held:
+                status = await self._round(held)
+            if status == "not_due":
+                break
+            if status == "stale_job":
+                return replace(self.total, status="stale_job")
+        return self.total
+
+    def _busy(self, holder: str | None) -> Outcome:
+        log.info("summary.busy", **self.ctx, holder=holder)
+        status: Status = "busy" if self.total.records == 0 else self.total.status
+        return replace(self.total, status=status, holder=holder)
+
+    def _read(self) -> tuple[Conversation, SummaryBook] | None:
+        tenant, conv_id = self.job.tenant, self.job.conversation_id
+        try:
+            conv = self.store.conversations.snapshot(tenant, conv_id)
+        except NotFound:
+            log.info("summary.conversation_gone", **self.ctx)
+            return None
+        return conv, self.store.records.book(tenant, conv_id)
+
+    def _plan(self, conv: Conversation, book: SummaryBook) -> SummaryPlan | None:
+        return self.policy.plan_summary(conv.messages, model=self.job.model, book=book)
+
+    async def _round(self, held: HeldLease) -> Status:
+        """Under the lease: re-read (a duplicate may have finished), plan, build, write."""
+        state = self._read()
+        if state is None:
+            return "stale_job"
+        conv, book = state
+        plan = self._plan(conv, book)
+        if plan is None:
+            log.info("summary.not_due", **self.ctx, length=conv.meta.length)
+            return "not_due"
+        tenant, conv_id = self.job.tenant, self.job.conversation_id
+        existing = self.store.records.get(tenant, plan.prefix_hash)
+        if existing is not None and existing.upto == plan.cut:
+            held.check()
+            self.store.records.put(tenant, conv_id, existing)
+            log.info("summary.linked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
+            self._tally("exists", plan, wrote=False, calls=0, tokens=(0, 0), cost=0.0)
+            return "exists"
+        return await self._build(held, conv, plan)
+
+    async def _build(self, held: HeldLease, conv: Conversation, plan: SummaryPlan) -> Status:
+        started = time.perf_counter()
+        built = await build_record(
+            conv.messages,
+            start=plan.start,
+            cut=plan.cut,
+            previous=plan.previous,
+            summarizer=self.summarizer,
+            counter=self.policy.counter,
+            model=self.job.model,
+            chunk_tokens=self.settings.chunk_tokens,
+            max_summary_tokens=self.settings.max_summary_tokens,
+            hashes=conv.hashes,
+        )
+        tenant, conv_id = self.job.tenant, self.job.conversation_id
+        spent = (built.input_tokens, built.output_tokens)
+        try:
+            held.check()
+        except LeaseLost:
+            log.warning("summary.lease_lost", **self.ctx, upto=plan.cut, calls=built.calls,
+                        input_tokens=spent[0], output_tokens=spent[1])
+            self.store.usage.add(tenant, *spent, built.cost, summaries=0)
+            raise
+        wrote = self.store.records.put(tenant, conv_id, built.record)
+        self.store.usage.add(tenant, *spent, built.cost, summaries=1 if wrote else 0)
+        status: Status = "written" if wrote else "exists"
+        self._tally(status, plan, wrote=wrote, calls=built.calls, tokens=spent, cost=built.cost)
+        log.info(
+            "summary.computed" if wrote else "summary.raced",
+            **self.ctx,
+            start=plan.start,
+            previous_upto=plan.previous.upto if plan.previous is not None else None,
+            upto=plan.cut,
+            prefix_hash=plan.prefix_hash,
+            calls=built.calls,
+            input_tokens=spent[0],
+            output_tokens=spent[1],
+            cost=built.cost,
+            summary_tokens=built.record.tokens,
+            summarizer=built.record.summarizer,
+            ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return status
+
+    def _tally(
+        self, status: Status, plan: SummaryPlan, *, wrote: bool, calls: int,
+        tokens: tuple[int, int], cost: float,
+    ) -> None:
+        t = self.total
+        best: Status = "written" if "written" in (status, t.status) else status
+        self.total = replace(
+            t,
+            status=best,
+            upto=plan.cut,
+            prefix_hash=plan.prefix_hash,
+            records=t.records + (1 if wrote else 0),
+            calls=t.calls + calls,
+            input_tokens=t.input_tokens + tokens[0],
+            output_tokens=t.output_tokens + tokens[1],
+            cost=t.cost + cost,
+        )
+
+
+def _starts_with(conv: Conversation, job: SummaryJob) -> bool:
+    """True if the stored transcript still starts with the prefix the job was planned on."""
+    return job.length < len(conv.hashes) and conv.hashes[job.length] == job.prefix_hash

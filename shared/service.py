@@ -1,0 +1,233 @@
+"""`prefit up`: the whole service on one machine, as supervised child processes.
+
+An embedded redis-server (unless REDIS_URL is set), one Celery worker and the API. Each child
+runs in a session of its own, so a terminal's Ctrl-C reaches only the supervisor, which then
+stops the children in order (API first: no new jobs; then the worker, which finishes its
+current tasks; then Redis). If any child dies, the rest are stopped and `up` exits non-zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+from urllib.parse import urlsplit
+
+import httpx
+
+from shared.errors import PrefitError, StoreUnavailable
+from shared.logs import get_logger
+from shared.redisproc import RedisProcess, reachable
+from shared.settings import Settings
+
+log = get_logger(__name__)
+READY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+
+
+class Supervisor:
+    """Named child processes that live and die together."""
+
+    def __init__(self, *, grace_s: float = 10.0, poll_s: float = 0.2) -> None:
+        self.grace_s = grace_s
+        self.poll_s = poll_s
+        self.children: list[Child] = []
+        self._stop = threading.Event()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
+        """Start a child in its own session (its own process group)."""
+        proc = subprocess.Popen(
+            list(argv),
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        child = Child(name, proc)
+        self.children.append(child)
+        log.info("service.child_started", child=name, pid=proc.pid)
+        return child
+
+    def request_stop(self, *_: Any) -> None:
+        """Ask `watch` to return; safe to call from a signal handler."""
+        self._stop.set()
+
+    @contextlib.contextmanager
+    def signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM request a stop while inside the block."""
+        previous = {s: signal.signal(s, self.request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def dead_child(self) -> Child | None:
+        """The first child that has exited, if any."""
+        return next((c for c in self.children if c.proc.poll() is not None), None)
+
+    def watch(self) -> Child | None:
+        """Block until a stop is requested (None) or a child exits (that child)."""
+        while not self._stop.wait(self.poll_s):
+            dead = self.dead_child()
+            if dead is not None:
+                return dead
+        return None
+
+    def stop(self) -> None:
+        """Stop children newest first: SIGTERM their group, wait `grace_s`, then SIGKILL."""
+        for child in reversed(self.children):
+            _signal_group(child.proc, signal.SIGTERM)
+            try:
+                child.proc.wait(self.grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("service.child_killed", child=child.name, pid=child.proc.pid)
+            _signal_group(child.proc, signal.SIGKILL)  # stragglers of the group, if any
+            child.proc.wait()
+            log.info("service.child_stopped", child=child.name, code=child.proc.returncode)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM if the supervisor itself is killed (no orphans)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+# --- the command lines -----------------------------------------------------------------------
+
+
+def worker_argv(settings: Settings, concurrency: int | None = None) -> list[str]:
+    """The Celery worker command line, for `prefit up`, `prefit worker` and containers."""
+    return [
+        sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+        "-Q", settings.summary_queue,
+        "-P", "threads",
+        "-c", str(concurrency or settings.worker_concurrency),
+        "--without-gossip", "--without-mingle",
+        "-l", settings.log_level.upper(),
+    ]  # fmt: skip
+
+
+def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
+    """The uvicorn command line of the API."""
+    argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port)]
+    return argv + (["--workers", str(workers)] if workers > 1 else [])
+
+
+def describe_summarizer(settings: Settings) -> str:
+    """Which summarizer the workers use, without credentials."""
+    if not settings.summarizer_url:
+        return "extractive (offline, no LLM; set PREFIT_SUMMARIZER_URL for a model)"
+    where = urlsplit(_redact(settings.summarizer_url))._replace(query="", fragment="").geturl()
+    model = settings.summarizer_model or "(default model)"
+    return f"{settings.summarizer_protocol} {model} at {where}"
+
+
+# --- `prefit up` -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    host: str
+    port: int
+    workers: int = 1
+    grace_s: float = 10.0
+    redis_dir: Path | None = None
+
+
+def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: TextIO) -> int:
+    """Run redis (maybe), the worker and the API until a signal (0) or a child's death (1)."""
+    sup = Supervisor(grace_s=opts.grace_s)
+    redis: RedisProcess | None = None
+    dead: Child | None = None
+    with sup.signals():
+        try:
+            redis_url = settings.redis_url
+            if "redis_url" not in settings.model_fields_set:
+                if opts.redis_dir is not None:
+                    opts.redis_dir.mkdir(parents=True, exist_ok=True)
+                redis = RedisProcess(appendonly=opts.redis_dir is not None, dir=opts.redis_dir)
+                redis_url = redis.start().url
+            elif not reachable(redis_url, timeout=2.0):
+                raise StoreUnavailable(f"REDIS_URL {_redact(redis_url)} does not answer PING")
+            if not sup.stopping:
+                child_env = {**env, "REDIS_URL": redis_url}
+                sup.spawn("worker", worker_argv(settings), child_env)
+                sup.spawn("api", api_argv(opts.host, opts.port, opts.workers), child_env)
+                _banner(out, opts, settings, redis_url, redis)
+                _wait_ready(sup, opts, out)
+                dead = sup.watch()
+        except PrefitError as exc:
+            _say(out, str(exc))
+            return 2
+        finally:
+            if dead is not None:
+                _say(out, f"{dead.name} exited with code {dead.proc.returncode}")
+            _say(out, "stopping")
+            sup.stop()
+            if redis is not None:
+                redis.stop()
+    return 0 if dead is None else 1
+
+
+def _say(out: TextIO, line: str) -> None:
+    print(f"prefit up: {line}", file=out, flush=True)
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+
+
+def _banner(
+    out: TextIO, opts: UpOptions, settings: Settings, redis_url: str, redis: RedisProcess | None
+) -> None:
+    if redis is None:
+        where = "from REDIS_URL"
+    elif opts.redis_dir is None:
+        where = "embedded redis-server, not persisted"
+    else:
+        where = f"embedded redis-server, AOF in {opts.redis_dir}"
+    _say(out, f"API on http://{opts.host}:{opts.port} ({opts.workers} process(es))")
+    _say(out, f"redis {_redact(redis_url)} ({where})")
+    _say(
+        out, f"worker: concurrency {settings.worker_concurrency}, queue {settings.summary_queue!r}"
+    )
+    _say(out, f"summarizer: {describe_summarizer(settings)}")
+
+
+def _wait_ready(sup: Supervisor, opts: UpOptions, out: TextIO) -> None:
+    host = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
+    url = f"http://{host}:{opts.port}/healthz"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not sup.stopping and sup.dead_child() is None and time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                _say(out, f"ready at http://{host}:{opts.port} (Ctrl-C to stop)")
+                return
+        time.sleep(sup.poll_s)
+    if not sup.stopping and sup.dead_child() is None:
+        _say(out, f"{url} did not answer within {READY_TIMEOUT_S:.0f}s; still waiting")

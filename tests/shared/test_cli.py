@@ -1,0 +1,313 @@
+"""The `prefit` console script: argument wiring, `worker`, `inspect`, `demo`, `up` end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from shared import cli
+from shared.client import PrefitClient
+from shared.demo import DemoOptions, generate_conversation, load_conversation, replay
+from shared.errors import InvalidTranscript
+from shared.messages import groups, validate
+from shared.redisproc import find_redis_server, free_port, reachable
+from tests.conftest import ROOT, needs_transcripts, transcript_files
+
+
+class FakeService:
+    """Just enough of the API for the demo: a store, expected_length checks, summaries landing."""
+
+    def __init__(self, *, does_not_fit_at: int | None = None) -> None:
+        self.convs: dict[str, list[Any]] = {}
+        self.calls: list[tuple[str, str, dict[str, Any], str | None]] = []
+        self.prepares = 0
+        self.does_not_fit_at = does_not_fit_at
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        path = request.url.path
+        self.calls.append((request.method, path, body, request.headers.get("Authorization")))
+        conv = path.split("/")[3]
+        stored = self.convs.setdefault(conv, [])
+        if request.method == "PUT":
+            stored[:] = body["messages"]
+        elif path.endswith("/messages"):
+            if body.get("expected_length", len(stored)) != len(stored):
+                error = {"type": "LengthMismatch", "message": "no", "expected": 0, "actual": 1}
+                return httpx.Response(409, json={"error": error})
+            stored.extend(body["messages"])
+        else:
+            return self._prepare(stored)
+        state = {"conversation_id": conv, "length": len(stored), "tokens": 10 * len(stored)}
+        return httpx.Response(200, json={**state, "state": "under"})
+
+    def _prepare(self, stored: list[Any]) -> httpx.Response:
+        self.prepares += 1
+        if self.prepares == self.does_not_fit_at:
+            error = {"type": "DoesNotFit", "message": "too big", "tokens": 9, "budget": 1}
+            return httpx.Response(400, json={"error": error})
+        upto = None if self.prepares < 3 else 5 if self.prepares < 6 else 9
+        report = {"summary": None if upto is None else {"upto": upto}, "stale": self.prepares == 2}
+        return httpx.Response(200, json={"messages": [], "tokens": 100, "report": report})
+
+
+def _client(fake: FakeService, key: str | None = None) -> PrefitClient:
+    return PrefitClient("http://prefit.test", key, transport=httpx.MockTransport(fake), retries=0)
+
+
+def test_subcommands_parse_their_options() -> None:
+    """up, worker and demo parse their flags; demo needs exactly one source."""
+    parser = cli.build_parser()
+    up = parser.parse_args(["up", "--port", "9000", "--workers", "2", "--redis-dir", "/tmp/r"])
+    assert (up.port, up.workers, up.host, up.redis_dir) == (9000, 2, None, Path("/tmp/r"))
+    assert parser.parse_args(["worker", "--concurrency", "8"]).concurrency == 8
+    demo = parser.parse_args(["demo", "--generate", "--window", "5000"])
+    assert (demo.generate, demo.file, demo.window, demo.url) == (
+        True,
+        None,
+        5000,
+        "http://127.0.0.1:8000",
+    )
+    for bad in (["demo"], ["demo", "f.json", "--generate"], ["worker", "--concurrency", "0"], []):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(bad)
+        assert exit_.value.code == 2
+
+
+def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefit worker` replaces itself with the Celery worker command line."""
+    execed: list[list[str]] = []
+    monkeypatch.setattr(cli, "_exec", execed.append)
+    cli.main(["worker", "--concurrency", "7"])
+    (argv,) = execed
+    assert argv[1:6] == ["-m", "celery", "-A", "worker.app", "worker"]
+    assert argv[argv.index("-c") + 1] == "7" and argv[argv.index("-P") + 1] == "threads"
+
+
+def test_inspect_is_handed_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefit inspect ...` calls shared.inspect.main with the rest of the command line."""
+    got: list[list[str]] = []
+
+    def fake_main(argv: list[str]) -> int:
+        got.append(argv)
+        return 5
+
+    monkeypatch.setitem(sys.modules, "shared.inspect", SimpleNamespace(main=fake_main))
+    assert cli.main(["inspect", "t.json", "--window", "9"]) == 5
+    assert got == [["t.json", "--window", "9"]]
+
+
+def test_first_api_key_is_the_local_default() -> None:
+    """The demo's default key is the first `tenant:key` pair of PREFIT_API_KEYS."""
+    assert cli._first_key("t1:k1, t2:k2") == "k1"
+    assert cli._first_key("") is None
+
+
+def test_replay_appends_turn_by_turn_and_highlights_landings() -> None:
+    """One line per turn group; expected_length tracks the length; new summaries are marked."""
+    messages, tools = generate_conversation(turns=6)
+    fake = FakeService()
+    out = io.StringIO()
+    with _client(fake) as client:
+        assert replay(client, messages, tools, DemoOptions(conversation_id="c1"), out) == 0
+    spans = groups(messages)
+    writes = [(m, b) for m, p, b, _ in fake.calls if m == "PUT" or p.endswith("/messages")]
+    assert writes[0][0] == "PUT"
+    assert [b["expected_length"] for _, b in writes[1:]] == [i for i, _ in spans[1:]]
+    assert all(b["max_input_tokens"] == 16000 and b["tools"] == tools for _, b in writes)
+    assert fake.convs["c1"] == messages
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(spans) + 3  # header, legend, one per turn, footer
+    assert sum("summary landed" in line for line in lines) == 2
+    assert "stale" in lines[3] and "no summary" in lines[2]
+    assert "2 summaries landed" in lines[-1]
+
+
+def test_replay_reports_a_turn_that_does_not_fit_and_goes_on() -> None:
+    """A DoesNotFit prepare prints a line for that turn and the replay continues."""
+    messages, tools = generate_conversation(turns=3)
+    fake = FakeService(does_not_fit_at=2)
+    out = io.StringIO()
+    with _client(fake) as client:
+        replay(client, messages, tools, DemoOptions(), out)
+    lines = out.getvalue().splitlines()
+    assert "does not fit" in lines[3]
+    assert len(lines) == len(groups(messages)) + 3
+
+
+def test_demo_command_uses_the_given_url_and_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefit demo --generate` replays through a client built from --url and --api-key."""
+    fake = FakeService()
+    made: list[str] = []
+
+    def factory(url: str, key: str | None) -> PrefitClient:
+        made.append(url)
+        return PrefitClient(url, key, transport=httpx.MockTransport(fake))
+
+    monkeypatch.setattr(cli, "PrefitClient", factory)
+    argv = ["demo", "--generate", "--turns", "2", "--url", "http://x:1", "--api-key", "k9"]
+    assert cli.main(argv) == 0
+    assert made == ["http://x:1"]
+    assert {auth for *_, auth in fake.calls} == {"Bearer k9"}
+
+
+def test_demo_command_fails_cleanly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing file exits 2; a service error exits 1 with the error's type, no traceback."""
+    assert cli.main(["demo", str(tmp_path / "missing.json")]) == 2
+    monkeypatch.setattr(cli, "PrefitClient", lambda url, key: _client(FakeService(), key))
+    path = tmp_path / "t.json"
+    path.write_text(
+        json.dumps([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])
+    )
+    monkeypatch.setattr(cli, "replay", _raise_length_mismatch)
+    assert cli.main(["demo", str(path)]) == 1
+
+
+def _raise_length_mismatch(*_: Any) -> int:
+    from shared.errors import LengthMismatch
+
+    raise LengthMismatch(1, 2)
+
+
+def test_conversation_files_load_in_both_shapes(tmp_path: Path) -> None:
+    """A bare list or {messages, tools}; anything else is an InvalidTranscript."""
+    msgs = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    (tmp_path / "a.json").write_text(json.dumps(msgs))
+    (tmp_path / "b.json").write_text(json.dumps({"messages": msgs, "tools": tools}))
+    (tmp_path / "c.json").write_text(json.dumps({"turns": []}))
+    assert load_conversation(tmp_path / "a.json") == (msgs, [])
+    assert load_conversation(tmp_path / "b.json") == (msgs, tools)
+    with pytest.raises(InvalidTranscript):
+        load_conversation(tmp_path / "c.json")
+
+
+@needs_transcripts
+def test_real_transcript_files_load() -> None:
+    """The real transcripts beside the repository are valid demo input."""
+    messages, _ = load_conversation(transcript_files()[0])
+    assert messages
+
+
+def test_generated_conversation_is_deterministic_and_valid() -> None:
+    """Same seed, same conversation; it is a valid transcript long enough to need summaries."""
+    first, tools = generate_conversation()
+    assert generate_conversation() == (first, tools)
+    assert generate_conversation(seed=8)[0] != first
+    assert validate(first) == first
+    assert sum(len(json.dumps(m)) for m in first) > 4 * 16000  # > the default window
+
+
+# --- `prefit up` end to end ----------------------------------------------------------------
+
+
+def _descendants(pid: int) -> set[int]:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier}
+        found |= frontier
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
+@pytest.mark.skipif(
+    not (ROOT / "api" / "app.py").is_file() or not (ROOT / "worker" / "app.py").is_file(),
+    reason="api/app.py or worker/app.py does not exist yet",
+)
+def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
+    """`prefit up` answers /healthz, serves `prefit demo --generate`, and on SIGINT exits 0
+    leaving no child process and no Redis behind."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PREFIT_REDIS_URL")}
+    env.update(PREFIT_API_KEYS="demo:demo-key", PREFIT_WORKER_CONCURRENCY="4")
+    up = subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--grace", "10"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        _wait_healthy(up, f"http://127.0.0.1:{port}/healthz")
+        children = _descendants(up.pid)
+        assert len(children) >= 3  # redis-server, the worker, the API
+        demo = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "shared.cli",
+                "demo",
+                "--generate",
+                "--turns",
+                "30",
+                "--wait-ms",
+                "5000",
+                "--url",
+                f"http://127.0.0.1:{port}",
+                "--api-key",
+                "demo-key",
+                "--no-color",
+            ],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "turns appended" in demo.stdout
+        assert "summary landed" in demo.stdout, demo.stdout  # the worker computed one
+        up.send_signal(signal.SIGINT)
+        output, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.communicate()
+    assert up.returncode == 0, output
+    assert not [pid for pid in children if _running(pid)]
+    redis_url = re.search(r"redis (redis://\S+) \(embedded", output)
+    assert redis_url is not None, output
+    assert not reachable(redis_url.group(1))
+
+
+def _wait_healthy(up: subprocess.Popen[str], url: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if up.poll() is not None:
+            pytest.fail(f"prefit up exited with {up.returncode}: {up.communicate()[0]}")
+        try:
+            if httpx.get(url, timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{url} never answered 200")

@@ -1,0 +1,59 @@
+"""Validation of a growing transcript re-checks only what is new, and is exactly as strict."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+from shared.errors import InvalidTranscript
+from shared.messages import validate
+from shared.validation import ValidatedPrefixes
+from tests.shared.generated import transcripts
+
+
+def turn(i: int) -> list[dict[str, Any]]:
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c", "content": f"out {i}"},
+    ]
+
+
+@settings(max_examples=80, deadline=None)
+@given(transcripts(max_groups=12))
+def test_same_verdict_as_a_full_check_at_every_length(msgs: list[dict[str, Any]]) -> None:
+    """Replayed turn by turn, the memo accepts exactly what validate accepts."""
+    memo = ValidatedPrefixes()
+    for n in range(1, len(msgs) + 1):
+        assert memo.validate(msgs[:n]) == validate(msgs[:n])
+
+
+def test_a_message_changed_in_place_is_checked_again() -> None:
+    """Mutating an already-checked message cannot slip past the memo."""
+    memo = ValidatedPrefixes()
+    msgs = [{"role": "user", "content": "task"}, *turn(0), *turn(1)]
+    memo.validate(msgs)
+    msgs[2]["tool_call_id"] = "nobody"
+    with pytest.raises(InvalidTranscript, match="message 2: tool_call_id 'nobody'"):
+        memo.validate([*msgs, {"role": "user", "content": "more"}])
+
+
+def test_an_error_after_the_prefix_names_its_absolute_index() -> None:
+    """A fault in the new part is reported at its index in the whole transcript."""
+    memo = ValidatedPrefixes()
+    msgs = [{"role": "user", "content": "task"}, *turn(0)]
+    memo.validate(msgs)
+    with pytest.raises(InvalidTranscript, match="message 3: unknown role 'bot'"):
+        memo.validate([*msgs, {"role": "bot", "content": "x"}])
+
+
+def test_pending_calls_carry_over_the_remembered_prefix() -> None:
+    """A tool result answering a call at the end of the remembered prefix is accepted."""
+    memo = ValidatedPrefixes()
+    msgs = [{"role": "user", "content": "task"}, turn(0)[0]]
+    memo.validate(msgs)
+    assert memo.validate([*msgs, turn(0)[1]])[-1]["tool_call_id"] == "c"
+    with pytest.raises(InvalidTranscript, match="message 2"):
+        memo.validate([*msgs, {"role": "tool", "tool_call_id": "zz", "content": ""}])
