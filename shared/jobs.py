@@ -13,8 +13,9 @@ from shared.errors import ConfigError
 
 TASK_NAME = "prefit.summarize"
 QUEUE = "summaries"
-PRIORITY_AHEAD = 3  # a summary computed ahead of time
-PRIORITY_STALE = 9  # prepare found it due and not ready: someone may be waiting
+# kombu's Redis transport serves priority 0 first (the reverse of AMQP)
+PRIORITY_STALE = 0  # prepare found it due and not ready: someone may be waiting
+PRIORITY_AHEAD = 6  # a summary computed ahead of time
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class SummaryJob:
     reserve_output: int
     length: int  # transcript length the job was planned on
     prefix_hash: str  # hash of those `length` messages, to detect replaced transcripts
+    extra_tokens: int = 0  # the request's tool specs, which the stored transcript lacks
 
     def to_kwargs(self) -> dict[str, Any]:
         return asdict(self)
@@ -38,7 +40,7 @@ class SummaryJob:
             job = cls(**kwargs)
         except TypeError as exc:
             raise ConfigError(f"malformed summary job: {exc}") from None
-        if job.max_input_tokens <= job.reserve_output or job.length < 0:
+        if job.max_input_tokens <= job.reserve_output or job.length < 0 or job.extra_tokens < 0:
             raise ConfigError("summary job has an impossible window or length")
         return job
 

@@ -164,10 +164,15 @@ class ContextPolicy:
         return self.counter.count(self._with_best(transcript, book)[0], tools, model)
 
     def _with_best(
-        self, transcript: Sequence[Message], book: SummaryBook | None
+        self,
+        transcript: Sequence[Message],
+        book: SummaryBook | None,
+        hashes: Sequence[str] | None = None,
     ) -> tuple[list[Message], SummaryRecord | None]:
         head, tail = self.regions(transcript)
-        record = book.best(transcript, upto_max=tail) if book is not None else None
+        record = None
+        if book is not None and book.records:
+            record = book.best(transcript, upto_max=tail, hashes=hashes)
         if record is None or record.upto <= head:
             return list(transcript), None
         built = [*transcript[:head], summary_message(record, head), *transcript[record.upto :]]
@@ -182,8 +187,15 @@ class ContextPolicy:
         model: str | None = None,
         book: SummaryBook | None = None,
         pressure: float = 1.0,
+        hashes: Sequence[str] | None = None,
     ) -> Prepared:
-        """The messages to send for `transcript` (see the reference for `pressure`)."""
+        """The messages to send for `transcript` (see the reference for `pressure`).
+
+        A stored summary that brings the prompt under the trigger is served as
+        [head][summary][rest] and nothing else is cut, so the prompt's prefix stays
+        byte-stable between records. `hashes` are the transcript's `prefix_hashes` when the
+        caller already has them (a store keeps them), to avoid hashing it again.
+        """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
         messages = self._validated.validate(transcript)
@@ -195,8 +207,19 @@ class ContextPolicy:
         if before <= self.trigger * limits.budget:
             report.update(tokens_after=before, changed=False)
             return Prepared(messages, report)
+        if hashes is not None and len(hashes) != len(messages) + 1:
+            raise ConfigError(f"{len(hashes)} prefix hashes for {len(messages)} messages")
+        served = self._from_book(messages, tools, model, book, hashes, sizes, report)
+        if served is not None:
+            return served
         work = await self.cut(
-            messages, tools=tools, model=model, book=book, pressure=pressure, sizes=sizes
+            messages,
+            tools=tools,
+            model=model,
+            book=book,
+            pressure=pressure,
+            sizes=sizes,
+            hashes=hashes,
         )
         after = work.tokens()
         if after > limits.budget:
@@ -213,12 +236,15 @@ class ContextPolicy:
         book: SummaryBook | None = None,
         pressure: float = 1.0,
         sizes: SizeMemo | None = None,
+        hashes: Sequence[str] | None = None,
     ) -> Work:
         """Run the strategies on a validated transcript; `prepare` checks the result fits."""
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
         if sizes is not None:
             work.sizes = sizes
+        if hashes is not None:
+            work.use_hashes(hashes)
         for strategy in self.strategies:
             await strategy.apply(work)
             if work.fits_target():
@@ -237,6 +263,35 @@ class ContextPolicy:
             estimated = self.counter.base.count(sent, tools, model)
             self.counter.observe(model, estimated, actual_prompt_tokens)
 
+    def _from_book(
+        self,
+        messages: list[Message],
+        tools: Sequence[ToolSpec],
+        model: str | None,
+        book: SummaryBook | None,
+        hashes: Sequence[str] | None,
+        sizes: SizeMemo,
+        report: dict[str, Any],
+    ) -> Prepared | None:
+        """[head][summary][rest] from the book's best record, if that is under the trigger."""
+        built, record = self._with_best(messages, book, hashes)
+        if record is None:
+            return None
+        pressure = report["pressure"]
+        tokens = math.ceil(measure(self._counter(model), built, tools, model, sizes) / pressure)
+        if tokens > self.trigger * report["budget"]:
+            return None
+        summary = {"upto": record.upto, "prefix_hash": record.prefix_hash}
+        report.update(
+            tokens_after=tokens,
+            applied=[
+                {"strategy": "Summarize", "saved": report["tokens_before"] - tokens, **summary}
+            ],
+            summary={**summary, "summarizer": record.summarizer},
+            changed=True,
+        )
+        return Prepared(built, report)
+
     # --- ahead of time ----------------------------------------------------------------------
     def plan_summary(
         self,
@@ -245,8 +300,12 @@ class ContextPolicy:
         tools: Sequence[ToolSpec] = (),
         model: str | None = None,
         book: SummaryBook | None = None,
+        extra_tokens: int = 0,
     ) -> SummaryPlan | None:
         """The record to compute now so that prepare lands under target when the trigger hits.
+
+        `extra_tokens` stands for what the request adds that `transcript` lacks (a stored
+        conversation's tool specs).
 
         None while the prompt built from the current best record is below
         (trigger - precompute_at) x budget: the cut then moves in steps, and the
@@ -254,7 +313,7 @@ class ContextPolicy:
         """
         budget = self.budget(model)
         built, record = self._with_best(transcript, book)
-        tokens = self.counter.count(built, tools, model)
+        tokens = self.counter.count(built, tools, model) + extra_tokens
         if self.state(tokens, model) == "under":
             return None
         head, tail = self.regions(transcript)

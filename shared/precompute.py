@@ -1,15 +1,16 @@
 """Summaries ahead of time: what one summary job does, whoever runs it (a Celery task, a test).
 
-`run_job` reads the conversation and its summary book from the store, asks the policy which
-record is due (`ContextPolicy.plan_summary`), and writes it while holding the conversation's
-lease. The lease makes one summarizer at a time per conversation across every worker; the
-book is re-read once the lease is held, so a duplicate job that acquires after the holder
-finished plans nothing and calls no LLM.
+`run_job` takes the conversation's lease (one summarizer at a time per conversation, across
+every worker), then reads the transcript and its summary book, asks the policy which record is
+due (`ContextPolicy.plan_summary`), folds only the new range into the best previous record
+(`build_record`, chunk by chunk) and writes it with SET NX. Reading under the lease means a
+duplicate that gets the lease after the holder finished plans nothing and calls no LLM.
 
-A job that finds the lease held ends as `busy` instead of waiting: the holder re-plans on the
-stored transcript after it releases (the loop in `run_job`), so it covers whatever the
-duplicate would have planned. Fifty triggers at once thus cost one LLM call per range and
-forty-nine Redis reads, and no worker slot sits waiting on a lease.
+A job that finds the lease held ends at once as `busy`, reading nothing. That is safe because
+the holder, once it has written and released, checks whether the conversation changed while
+it worked and, if so, goes round again: whatever the duplicate would have planned on is
+either what the holder just summarized or a change the holder sees. Fifty triggers at once
+thus cost one LLM call per range, forty-nine SET NX attempts, and no worker waits on a lease.
 
 Nothing here logs message text: ids, hashes, counts and sizes only.
 """
@@ -27,9 +28,9 @@ from shared.logs import get_logger
 from shared.policy import ContextPolicy, SummaryPlan
 from shared.settings import Settings
 from shared.store import HeldLease, Store
-from shared.store.conversations import Conversation
+from shared.store.conversations import Conversation, ConversationMeta
 from shared.summaries import SummaryBook
-from shared.summarize import build_record
+from shared.summarize import Built, build_record
 from shared.summarizers import Summarizer
 
 Status = Literal["written", "not_due", "busy", "stale_job", "exists"]
@@ -116,7 +117,7 @@ async def run_job(
     ctx = {"tenant": job.tenant, "conversation_id": job.conversation_id, "owner": owner}
     runner = _Runner(job, store, summarizer, settings, owner, counter, ctx)
     outcome = await runner.run()
-    log.info("summary.job_finished", **ctx, **outcome.to_dict())
+    log.debug("summary.job_finished", **ctx, **outcome.to_dict())
     return outcome
 
 
@@ -135,38 +136,38 @@ class _Runner:
     ) -> None:
         self.job, self.store, self.summarizer = job, store, summarizer
         self.settings, self.owner, self.ctx = settings, owner, ctx
-        self.policy = policy_for(job, settings, counter or counter_for(store, job.model))
+        self.counter = counter
+        self.policy: ContextPolicy | None = None  # built on first use: a busy job needs none
         self.total = Outcome("not_due")
 
     async def run(self) -> Outcome:
+        tenant, conv_id = self.job.tenant, self.job.conversation_id
         for round_ in range(MAX_ROUNDS):
-            state = self._read()
-            if state is None:
-                return replace(self.total, status="stale_job")
-            if round_ == 0 and not _starts_with(state[0], self.job):
-                self.total = replace(self.total, prefix_changed=True)
-                log.info("summary.prefix_changed", **self.ctx, job_length=self.job.length,
-                         length=state[0].meta.length)
-            if self._plan(*state) is None:  # cheap check before touching the lease
-                break
-            held = self.store.leases.hold(
-                self.job.tenant, self.job.conversation_id, self.owner, self.settings.lease_ttl_s
-            )
+            held = self.store.leases.hold(tenant, conv_id, self.owner, self.settings.lease_ttl_s)
             if held is None:
-                holder = self.store.leases.owner(self.job.tenant, self.job.conversation_id)
-                return self._busy(holder)
+                return self._busy(self.store.leases.owner(tenant, conv_id))
             with held:
-                status = await self._round(held)
-            if status == "not_due":
+                status, seen = await self._round(held, first=round_ == 0)
+            if status in ("not_due", "stale_job") or seen is None or not self._changed(seen):
                 break
-            if status == "stale_job":
-                return replace(self.total, status="stale_job")
         return self.total
 
     def _busy(self, holder: str | None) -> Outcome:
         log.info("summary.busy", **self.ctx, holder=holder)
         status: Status = "busy" if self.total.records == 0 else self.total.status
         return replace(self.total, status=status, holder=holder)
+
+    def _changed(self, seen: ConversationMeta) -> bool:
+        """Whether the conversation changed since `seen`, checked after the lease is released.
+
+        A duplicate that found the lease held ended trusting this check: anything it would
+        have planned on is either what was just summarized, or a change seen here.
+        """
+        try:
+            now = self.store.conversations.meta(self.job.tenant, self.job.conversation_id)
+        except NotFound:
+            return False
+        return (now.length, now.updated_at) != (seen.length, seen.updated_at)
 
     def _read(self) -> tuple[Conversation, SummaryBook] | None:
         tenant, conv_id = self.job.tenant, self.job.conversation_id
@@ -177,30 +178,47 @@ class _Runner:
             return None
         return conv, self.store.records.book(tenant, conv_id)
 
-    def _plan(self, conv: Conversation, book: SummaryBook) -> SummaryPlan | None:
-        return self.policy.plan_summary(conv.messages, model=self.job.model, book=book)
-
-    async def _round(self, held: HeldLease) -> Status:
-        """Under the lease: re-read (a duplicate may have finished), plan, build, write."""
+    async def _round(
+        self, held: HeldLease, *, first: bool
+    ) -> tuple[Status, ConversationMeta | None]:
+        """Under the lease: read (a duplicate may just have finished), plan, build, write."""
         state = self._read()
         if state is None:
-            return "stale_job"
+            self.total = replace(
+                self.total, status="stale_job" if self.total.records == 0 else self.total.status
+            )
+            return "stale_job", None
         conv, book = state
-        plan = self._plan(conv, book)
+        if first and not _starts_with(conv, self.job):
+            self.total = replace(self.total, prefix_changed=True)
+            log.info(
+                "summary.prefix_changed",
+                **self.ctx,
+                job_length=self.job.length,
+                length=conv.meta.length,
+            )
+        if self.policy is None:
+            counter = self.counter or counter_for(self.store, self.job.model)
+            self.policy = policy_for(self.job, self.settings, counter)
+        plan = self.policy.plan_summary(
+            conv.messages, model=self.job.model, book=book, extra_tokens=self.job.extra_tokens
+        )
         if plan is None:
             log.info("summary.not_due", **self.ctx, length=conv.meta.length)
-            return "not_due"
+            return "not_due", conv.meta
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         existing = self.store.records.get(tenant, plan.prefix_hash)
         if existing is not None and existing.upto == plan.cut:
             held.check()
             self.store.records.put(tenant, conv_id, existing)
             log.info("summary.linked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
-            self._tally("exists", plan, wrote=False, calls=0, tokens=(0, 0), cost=0.0)
-            return "exists"
-        return await self._build(held, conv, plan)
+            self._tally("exists", plan, None, wrote=False)
+            return "exists", conv.meta
+        return await self._build(held, conv, plan, self.policy.counter), conv.meta
 
-    async def _build(self, held: HeldLease, conv: Conversation, plan: SummaryPlan) -> Status:
+    async def _build(
+        self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: TokenCounter
+    ) -> Status:
         started = time.perf_counter()
         built = await build_record(
             conv.messages,
@@ -208,7 +226,7 @@ class _Runner:
             cut=plan.cut,
             previous=plan.previous,
             summarizer=self.summarizer,
-            counter=self.policy.counter,
+            counter=counter,
             model=self.job.model,
             chunk_tokens=self.settings.chunk_tokens,
             max_summary_tokens=self.settings.max_summary_tokens,
@@ -216,17 +234,24 @@ class _Runner:
         )
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         spent = (built.input_tokens, built.output_tokens)
+        # Counted before the write, in one round trip: the summary was made and paid for,
+        # whatever becomes of the record (a lost lease, a racing writer, Redis failing next).
+        self.store.usage.add(tenant, *spent, built.cost, summaries=1)
         try:
             held.check()
         except LeaseLost:
-            log.warning("summary.lease_lost", **self.ctx, upto=plan.cut, calls=built.calls,
-                        input_tokens=spent[0], output_tokens=spent[1])
-            self.store.usage.add(tenant, *spent, built.cost, summaries=0)
+            log.warning(
+                "summary.lease_lost",
+                **self.ctx,
+                upto=plan.cut,
+                calls=built.calls,
+                input_tokens=spent[0],
+                output_tokens=spent[1],
+            )
             raise
         wrote = self.store.records.put(tenant, conv_id, built.record)
-        self.store.usage.add(tenant, *spent, built.cost, summaries=1 if wrote else 0)
         status: Status = "written" if wrote else "exists"
-        self._tally(status, plan, wrote=wrote, calls=built.calls, tokens=spent, cost=built.cost)
+        self._tally(status, plan, built, wrote)
         log.info(
             "summary.computed" if wrote else "summary.raced",
             **self.ctx,
@@ -244,22 +269,18 @@ class _Runner:
         )
         return status
 
-    def _tally(
-        self, status: Status, plan: SummaryPlan, *, wrote: bool, calls: int,
-        tokens: tuple[int, int], cost: float,
-    ) -> None:
+    def _tally(self, status: Status, plan: SummaryPlan, built: Built | None, wrote: bool) -> None:
         t = self.total
-        best: Status = "written" if "written" in (status, t.status) else status
         self.total = replace(
             t,
-            status=best,
+            status="written" if "written" in (status, t.status) else status,
             upto=plan.cut,
             prefix_hash=plan.prefix_hash,
             records=t.records + (1 if wrote else 0),
-            calls=t.calls + calls,
-            input_tokens=t.input_tokens + tokens[0],
-            output_tokens=t.output_tokens + tokens[1],
-            cost=t.cost + cost,
+            calls=t.calls + (built.calls if built else 0),
+            input_tokens=t.input_tokens + (built.input_tokens if built else 0),
+            output_tokens=t.output_tokens + (built.output_tokens if built else 0),
+            cost=t.cost + (built.cost if built else 0.0),
         )
 
 

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     redis_socket_timeout_s: float = 2.0
     redis_connect_timeout_s: float = 1.0
     dead_letters_max: int = 1000
+    redis_max_connections: int = 512
     lease_ttl_s: float = 30.0
 
     # worker

@@ -1,0 +1,1 @@
+"""Celery workers that compute summary records ahead of time (see worker.app)."""

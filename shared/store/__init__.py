@@ -17,7 +17,7 @@ import redis
 
 from shared.settings import Settings
 from shared.store.calibration import Calibration, RedisRatios
-from shared.store.client import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, connect, guarded
+from shared.store.client import connect, guarded
 from shared.store.conversations import Conversation, ConversationMeta, ConversationStore
 from shared.store.deadletters import DeadLetter, DeadLetters
 from shared.store.leases import HeldLease, Lease
@@ -72,11 +72,20 @@ class Store:
         url: str,
         settings: Settings,
         *,
-        socket_timeout: float = SOCKET_TIMEOUT_S,
-        connect_timeout: float = CONNECT_TIMEOUT_S,
+        socket_timeout: float | None = None,
+        connect_timeout: float | None = None,
+        max_connections: int | None = None,
     ) -> Store:
-        """A store on a new client (no connection is made until the first command)."""
-        client = connect(url, socket_timeout=socket_timeout, connect_timeout=connect_timeout)
+        """A store on a new client (no connection is made until the first command).
+
+        Timeouts and the connection-pool size default to the settings.
+        """
+        client = connect(
+            url,
+            socket_timeout=socket_timeout or settings.redis_socket_timeout_s,
+            connect_timeout=connect_timeout or settings.redis_connect_timeout_s,
+            max_connections=max_connections or settings.redis_max_connections,
+        )
         return cls.from_client(client, settings)
 
     def ping(self) -> bool:

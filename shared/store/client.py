@@ -25,6 +25,7 @@ def connect(
     *,
     socket_timeout: float = SOCKET_TIMEOUT_S,
     connect_timeout: float = CONNECT_TIMEOUT_S,
+    max_connections: int | None = None,
 ) -> redis.Redis:
     """A client with explicit timeouts and at most one quick retry on a dropped connection.
 
@@ -40,6 +41,8 @@ def connect(
         retry=retry,
         retry_on_timeout=False,
         health_check_interval=30,
+        # redis-py refuses a 101st connection by default: thread pools need more
+        max_connections=max_connections,
     )
 
 

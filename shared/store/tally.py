@@ -25,30 +25,52 @@ from shared import keys
 from shared.messages import Message
 from shared.store.chain import EMPTY
 from shared.store.client import guarded, text, ttl_ms
+from shared.summaries import SummaryRecord
 
-# KEYS: tally, info. ARGV: ttl ms, counter id, old hash, old length, new hash, head end, n,
-# then n cumulative counts. A conversation's first append finds no tally (nothing to extend
-# but nothing). On a mismatch the tally is dropped, so the next reader rebuilds it.
+# KEYS: tally, info, summary index, stored hashes. ARGV: ttl ms, counter id, old hash, old
+# length, new hash, head end, upto max, record prefix, n, then n cumulative counts
+# (ARGV[10..9+n]). Extends the tally if it still ends at the old hash (a conversation's first
+# append finds none), else drops it so the next reader rebuilds it; then finds the best record
+# within upto max as `records.BEST` does on the stored chain, and reads the tally at its upto
+# and at the head end. Returns {extended (1/0), record JSON or nil, cum[upto], cum[head]}.
 EXTEND = """
 local counter = redis.call('HGET', KEYS[2], 'counter')
 local hash = redis.call('HGET', KEYS[2], 'hash')
 local ok = counter == ARGV[2] and hash == ARGV[3]
 if not counter and tonumber(ARGV[4]) == 0 then ok = true end
-if not ok or redis.call('LLEN', KEYS[1]) ~= tonumber(ARGV[4]) then
+if ok and redis.call('LLEN', KEYS[1]) ~= tonumber(ARGV[4]) then ok = false end
+if ok then
+  local n = tonumber(ARGV[9])
+  local i = 10
+  while i <= 9 + n do
+    local j = math.min(i + 999, 9 + n)
+    redis.call('RPUSH', KEYS[1], unpack(ARGV, i, j))
+    i = j + 1
+  end
+  redis.call('HSET', KEYS[2], 'counter', ARGV[2], 'hash', ARGV[5], 'head_end', ARGV[6])
+  redis.call('PEXPIRE', KEYS[1], ARGV[1])
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+else
   redis.call('DEL', KEYS[1], KEYS[2])
-  return 0
 end
-local n = tonumber(ARGV[7])
-local i = 8
-while i <= 7 + n do
-  local j = math.min(i + 999, 7 + n)
-  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, j))
-  i = j + 1
+local record, upto = false, 0
+local entries = redis.call('ZREVRANGEBYSCORE', KEYS[3], ARGV[7], 1, 'WITHSCORES')
+for i = 1, #entries, 2 do
+  local member, u = entries[i], tonumber(entries[i + 1])
+  if redis.call('LINDEX', KEYS[4], u - 1) == member then
+    local found = redis.call('GET', ARGV[8] .. member)
+    if found then
+      record, upto = found, u
+      break
+    end
+  end
 end
-redis.call('HSET', KEYS[2], 'counter', ARGV[2], 'hash', ARGV[5], 'head_end', ARGV[6])
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[1])
-return 1
+if not ok then return {0, record, 0, 0} end
+local function cum(p)
+  if p <= 0 then return 0 end
+  return tonumber(redis.call('LINDEX', KEYS[1], p - 1) or 0)
+end
+return {1, record, cum(upto), cum(tonumber(ARGV[6]))}
 """
 
 # KEYS: tally, info, messages, hashes. ARGV: ttl ms, counter id, hash, head end, n, then n
@@ -92,6 +114,17 @@ class Tip:
     @property
     def last(self) -> Message | None:
         return self.tail[-1] if self.tail else None
+
+
+@dataclass(frozen=True)
+class Extended:
+    """What `Tally.extend` did and found: the best record within reach and the tally at its
+    `upto` and at the head end (counts only when `extended`)."""
+
+    extended: bool
+    best: SummaryRecord | None
+    tokens_upto: int
+    tokens_head: int
 
 
 class Tally:
@@ -167,12 +200,19 @@ class Tally:
         new_hash: str,
         head_end: int,
         cumulative: Sequence[int],
-    ) -> bool:
-        """Push the counts of appended messages if the tally still ends at `old_hash`.
+        upto_max: int,
+    ) -> Extended:
+        """Push the counts of appended messages, then measure against the best record.
 
-        On a mismatch the tally is dropped (False) and the next reader rebuilds it.
+        The tally is extended only if it still ends at `old_hash`; on a mismatch it is
+        dropped (`extended` False, no counts) and the next reader rebuilds it.
         """
-        ks = [keys.conv_tally(tenant, conv_id), keys.conv_tally_info(tenant, conv_id)]
+        ks = [
+            keys.conv_tally(tenant, conv_id),
+            keys.conv_tally_info(tenant, conv_id),
+            keys.conv_index(tenant, conv_id),
+            keys.conv_hashes(tenant, conv_id),
+        ]
         args: list[Any] = [
             self._ttl,
             counter,
@@ -180,10 +220,14 @@ class Tally:
             old_length,
             new_hash,
             head_end,
+            upto_max,
+            keys.record_prefix(tenant),
             len(cumulative),
             *cumulative,
         ]
-        return bool(self._extend(keys=ks, args=args))
+        ok, raw, at_upto, at_head = self._extend(keys=ks, args=args)
+        record = SummaryRecord.from_json(raw) if raw is not None else None
+        return Extended(bool(ok), record, int(at_upto), int(at_head))
 
     @guarded
     def rebuild(

@@ -63,7 +63,8 @@ class Summarize:
             return
         self._install(work, record)
         work.summary = record
-        work.stale = summarizer is None and not work.fits_target()
+        # prepare gets here only when the book's best record alone left it over the trigger
+        work.stale = summarizer is None and work.book is not None
         work.record("Summarize", before, upto=record.upto, prefix_hash=record.prefix_hash)
 
     @staticmethod

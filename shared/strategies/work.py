@@ -156,6 +156,10 @@ class Work:
             self._hashes = prefix_hashes(self.transcript)
         return self._hashes
 
+    def use_hashes(self, hashes: Sequence[str]) -> None:
+        """Take the transcript's prefix hashes from the caller (a store keeps them)."""
+        self._hashes = list(hashes)
+
     def replace(self, messages: list[Message], origin: list[int]) -> None:
         """Swap in a new message list (strategies never mutate messages in place)."""
         if len(messages) != len(origin):

@@ -254,3 +254,60 @@ def test_plan_summary_steps_the_cut() -> None:
     assert (
         policy.plan_summary(chat(49), book=book) is None
     )  # one more turn: same prefix, no new cut
+
+
+def test_a_record_under_the_trigger_is_served_alone() -> None:
+    """[head][summary][rest] is sent as is when it fits: nothing else is cut, prefix stays."""
+    msgs = chat(50)
+    upto = 2 + 3 * 30
+    record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "THE SUMMARY", tokens=10)
+    policy = ContextPolicy(10_000, counter=COUNTER, reserve_output=1000)
+    out = run(policy.prepare(msgs, book=SummaryBook([record]), hashes=prefix_hashes(msgs)))
+    assert [a["strategy"] for a in out.report["applied"]] == ["Summarize"]
+    assert out.messages[:2] == msgs[:2] and out.messages[3:] == msgs[upto:]
+    assert out.messages[2]["content"].endswith("THE SUMMARY") and out.report["stale"] is False
+    longer = run(policy.prepare(chat(51), book=SummaryBook([record])))
+    assert longer.messages[:3] == out.messages[:3]  # byte-stable prefix across turns
+
+
+def test_records_made_when_planned_keep_prepare_fresh() -> None:
+    """Growing turn by turn, writing each planned record at once: prepare is never stale."""
+    policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1000)
+    book = SummaryBook()
+    written = []
+    for n in range(1, 160):
+        msgs = chat(n)
+        plan = policy.plan_summary(msgs, book=book)
+        if plan is not None:
+            text = f"summary up to {plan.cut}"
+            book.add(
+                SummaryRecord(
+                    plan.cut,
+                    plan.prefix_hash,
+                    text,
+                    tokens=COUNTER.count_message({"role": "user", "content": text}),
+                )
+            )
+            written.append(plan.cut)
+        out = run(policy.prepare(msgs, book=book))
+        assert out.report["stale"] is False, f"stale at {n} turns"
+        assert out.report["dropped_groups"] == 0
+    assert len(written) >= 3 and written == sorted(written)
+    assert len(set(written)) == len(written)  # the cut moves in steps, never twice to one place
+
+
+def test_stale_when_the_worker_is_behind() -> None:
+    """No record where one is due: stale, and a plan exists for the workers."""
+    policy = ContextPolicy(
+        12_000, counter=COUNTER, reserve_output=1000, strategies=[Summarize(), DropOldest()]
+    )
+    msgs = chat(70)
+    out = run(policy.prepare(msgs, book=SummaryBook()))
+    assert out.report["stale"] is True
+    assert policy.plan_summary(msgs, book=SummaryBook()) is not None
+
+
+def test_wrong_number_of_hashes_is_refused() -> None:
+    """Caller-supplied prefix hashes must match the transcript."""
+    with pytest.raises(ConfigError, match="prefix hashes"):
+        run(ContextPolicy(2000, reserve_output=100).prepare(chat(20), hashes=["v1:x"]))

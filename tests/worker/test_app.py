@@ -1,0 +1,68 @@
+"""The Celery app: delivery guarantees, one visibility timeout, priorities, threads, no results."""
+
+from __future__ import annotations
+
+from celery.app.utils import find_app
+
+from shared.jobs import TASK_NAME
+from shared.settings import Settings
+from worker.app import celery_config, make_app, restore_interval
+
+
+def test_delivery_is_at_least_once_with_late_acks() -> None:
+    """Acks are late, a lost worker's task goes back to the queue, one prefetched per slot."""
+    conf = make_app(Settings(redis_url="redis://127.0.0.1:1/0")).conf
+    assert conf.task_acks_late is True
+    assert conf.task_reject_on_worker_lost is True
+    assert conf.worker_prefetch_multiplier == 1
+
+
+def test_no_result_backend_keeps_summaries_out_of_results() -> None:
+    """Results are ignored and there is no result backend at all."""
+    conf = make_app(Settings()).conf
+    assert conf.task_ignore_result is True
+    assert not conf.result_backend
+    assert "result_backend_transport_options" not in celery_config(Settings())
+
+
+def test_one_visibility_timeout_from_settings() -> None:
+    """The broker's visibility timeout is Settings.visibility_timeout_s, swept in step with it."""
+    options = make_app(Settings(visibility_timeout_s=5)).conf.broker_transport_options
+    assert options["visibility_timeout"] == 5
+    assert options["unacked_restore_interval"] == 1 and options["unacked_restore_throttle"] == 1
+    assert restore_interval(3600) == 10 and restore_interval(30) == 6
+
+
+def test_broker_queue_and_priorities() -> None:
+    """Broker and queue come from settings; the Redis transport keeps ten priority steps."""
+    settings = Settings(redis_url="redis://127.0.0.1:7/3", summary_queue="sums-x")
+    conf = make_app(settings).conf
+    assert conf.broker_url == "redis://127.0.0.1:7/3"
+    assert conf.task_default_queue == "sums-x"
+    assert conf.task_routes == {TASK_NAME: {"queue": "sums-x"}}
+    options = conf.broker_transport_options
+    assert options["priority_steps"] == list(range(10))
+    assert options["queue_order_strategy"] == "priority"
+    other = make_app(Settings(broker_url="redis://127.0.0.1:8/0")).conf
+    assert other.broker_url == "redis://127.0.0.1:8/0"
+
+
+def test_threads_pool_sized_by_settings() -> None:
+    """The default pool is threads, as many as Settings.worker_concurrency."""
+    conf = make_app(Settings(worker_concurrency=256)).conf
+    assert conf.worker_pool == "threads" and conf.worker_concurrency == 256
+
+
+def test_task_is_registered_by_name_with_the_retry_limit() -> None:
+    """`prefit.summarize` is bound, late-acked and retried at most max_redeliveries times."""
+    app = make_app(Settings(max_redeliveries=7))
+    task = app.tasks[TASK_NAME]
+    assert task.max_retries == 7 and task.acks_late is True and task.ignore_result is True
+
+
+def test_command_line_finds_the_app() -> None:
+    """`celery -A worker.app` resolves (as the CLI does) to the module's app and its task."""
+    from worker.app import app
+
+    found = find_app("worker.app")
+    assert found is app and TASK_NAME in found.tasks

@@ -1,0 +1,133 @@
+"""A worker process SIGKILLed mid-summary: the task comes back, one record, nothing half-written."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from shared.settings import Settings
+from shared.store import Store
+from shared.summaries import SummaryRecord
+from tests.conftest import ROOT
+from tests.fakellm import FakeLLM
+from tests.worker.helpers import (
+    SUMMARIZER_MODEL,
+    chat,
+    enqueue,
+    job_for,
+    wait_until,
+    worker_settings,
+)
+from worker.app import make_app
+
+COMPLETE = re.compile(r"SUMMARY [0-9a-f]{8} of \d+ chars")
+
+
+def start_worker_process(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
+    """`celery -A worker.app worker` as a child process, configured through its environment."""
+    env = {
+        **os.environ,
+        "REDIS_URL": settings.redis_url,
+        "PREFIT_SUMMARIZER_URL": settings.summarizer_url or "",
+        "PREFIT_SUMMARIZER_MODEL": SUMMARIZER_MODEL,
+        "PREFIT_SUMMARY_QUEUE": settings.summary_queue,
+        "PREFIT_VISIBILITY_TIMEOUT_S": str(settings.visibility_timeout_s),
+        "PREFIT_LEASE_TTL_S": str(settings.lease_ttl_s),
+        "PREFIT_WORKER_CONCURRENCY": "4",
+        "PREFIT_LOG_JSON": "true",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.app",
+        "worker",
+        "-P",
+        "threads",
+        "-c",
+        "4",
+        "-n",
+        f"{name}-{uuid.uuid4().hex[:6]}@%h",
+        "-l",
+        "INFO",
+        "--without-heartbeat",
+        "--without-mingle",
+        "--without-gossip",
+    ]
+    with log.open("wb") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+class Reader(threading.Thread):
+    """Polls `best()` like a prepare would, remembering every record it was served."""
+
+    def __init__(self, store: Store, tenant: str, conv_id: str) -> None:
+        super().__init__(daemon=True)
+        self.store, self.tenant, self.conv_id = store, tenant, conv_id
+        self.seen: list[SummaryRecord] = []
+        self.reads = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(0.01):
+            record = self.store.records.best(self.tenant, self.conv_id)
+            self.reads += 1
+            if record is not None:
+                self.seen.append(record)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_killed_worker_task_is_redelivered_and_written_once(
+    store: Store, redis_url: str, tenant: str, model: str, tmp_path: Path
+) -> None:
+    """SIGKILL mid-summary: another worker gets the task, writes one complete record once."""
+    with FakeLLM(delay=3.0) as fake:
+        settings = worker_settings(redis_url, fake, visibility_timeout_s=5, lease_ttl_s=3.0)
+        store.conversations.append(tenant, "c1", chat(30))
+        job = job_for(store, tenant, "c1", model)
+        reader = Reader(store, tenant, "c1")
+        reader.start()
+        first = start_worker_process(settings, "doomed", tmp_path / "a.log")
+        second: subprocess.Popen[bytes] | None = None
+        try:
+            enqueue(make_app(settings), settings, job)
+            wait_until(lambda: len(fake.calls) == 1, 30, "the first worker to call the LLM")
+            first.kill()  # SIGKILL while the fake still holds its request
+            first.wait()
+            second = start_worker_process(settings, "rescuer", tmp_path / "b.log")
+            wait_until(lambda: store.records.best(tenant, "c1") is not None, 45, "the record")
+            wait_until(lambda: bool(reader.seen), 5, "the reader to be served the record")
+        finally:
+            reader.stop.set()
+            reader.join()
+            _end(first)
+            if second is not None:
+                _end(second)
+        rescuer_log = (tmp_path / "b.log").read_text()
+
+    (record,) = store.records.list(tenant, "c1")
+    assert len(fake.calls) == 2  # the killed worker's call, then the rescuer's
+    assert store.usage.get(tenant).summaries == 1  # the killed worker's was never finished
+    assert record.text == fake.answer(fake.calls[1].prompt) and COMPLETE.fullmatch(record.text)
+    assert reader.reads > 100 and reader.seen
+    assert all(seen == record for seen in reader.seen)  # only ever the complete record
+    assert "summary.task_redelivered" in rescuer_log and "summary.computed" in rescuer_log
+    assert store.dead_letters.list(tenant) == []

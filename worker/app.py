@@ -1,0 +1,104 @@
+"""The Celery app of the summary workers: `celery -A worker.app worker` (threads pool by default).
+
+Summaries are I/O bound (a worker mostly waits on the summarizer's HTTP answer), so one
+process runs `worker_concurrency` tasks on threads rather than one per forked process:
+hundreds of summaries in flight cost one interpreter. Run more processes (or hosts) to
+scale further; the per-conversation lease keeps them from duplicating work.
+
+Delivery is at least once: acks are late and a task whose worker died is handed out again
+once the visibility timeout has passed. There is no result backend: a summary's only
+product is the record the task writes to the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_init, worker_shutdown
+
+from shared.jobs import TASK_NAME
+from shared.logs import configure_logging
+from shared.settings import Settings, get_settings
+from worker.runtime import Runtime
+from worker.tasks import register
+
+PRIORITY_STEPS = list(range(10))
+
+
+def restore_interval(visibility_timeout_s: int) -> int:
+    """Seconds between sweeps for abandoned (unacked, timed-out) messages.
+
+    kombu's default sweep runs about every 100 s; with a short visibility timeout that would
+    dominate how long a crashed worker's task waits. A fifth of the timeout, 1 to 10 s.
+    """
+    return max(1, min(10, visibility_timeout_s // 5))
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The Celery settings derived from `settings` (pure: tests inspect it)."""
+    queue = settings.summary_queue
+    transport = {
+        # One visibility timeout for the whole app (there is no result backend to share it).
+        "visibility_timeout": settings.visibility_timeout_s,
+        "unacked_restore_interval": restore_interval(settings.visibility_timeout_s),
+        "unacked_restore_throttle": 1,
+        # Redis has no native priorities: kombu keeps one list per step and pops lower
+        # steps first (priority 0 is served first on Redis, unlike AMQP).
+        "priority_steps": PRIORITY_STEPS,
+        "queue_order_strategy": "priority",
+    }
+    return {
+        "broker_url": settings.broker,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": transport,
+        "task_default_queue": queue,
+        "task_routes": {TASK_NAME: {"queue": queue}},
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_ignore_result": True,
+        "task_store_errors_even_if_ignored": False,
+        "worker_prefetch_multiplier": 1,
+        "worker_pool": "threads",
+        "worker_concurrency": settings.worker_concurrency,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+    }
+
+
+def make_app(
+    settings: Settings | None = None, *, runtime: Runtime | None = None, main: str = "prefit"
+) -> Celery:
+    """A Celery app running `prefit.summarize` with `settings` (the process's by default).
+
+    Pass a `runtime` to keep hold of its store (tests close it); else one is made.
+    """
+    chosen = settings if settings is not None else get_settings()
+    celery = Celery(main, set_as_current=False)
+    celery.conf.update(celery_config(chosen))
+    register(celery, runtime if runtime is not None else Runtime(chosen))
+    return celery
+
+
+settings = get_settings()
+runtime = Runtime(settings)
+app = make_app(settings, runtime=runtime)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _configure_logging(sender: Any = None, **_: Any) -> None:
+    """Structured logs for the command-line worker (in-process test workers keep theirs)."""
+    if getattr(sender, "app", None) is app:
+        configure_logging(json=settings.log_json, level=settings.log_level)
+        # one INFO line per summarizer request is noise; failures are logged by the client
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+@worker_shutdown.connect  # type: ignore[untyped-decorator]
+def _close_runtime(sender: Any = None, **_: Any) -> None:
+    """Close the summarizer's connections and the store once the worker has stopped."""
+    if getattr(sender, "app", None) is app:
+        runtime.close()

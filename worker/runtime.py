@@ -1,0 +1,110 @@
+"""What a worker process keeps between tasks: one store, one event loop, one summarizer.
+
+Celery's threads pool gives every in-flight task a thread, but the work itself runs on ONE
+event loop in a thread of its own: a task thread submits `run_job` there and blocks on the
+result. Hundreds of summaries then share one pooled HTTP client (the providers shard its
+connections for exactly this) and the task threads sleep instead of passing the GIL back
+and forth, which at a few hundred busy threads costs more CPU than the work itself.
+
+The loop also runs `run_job`'s Redis calls, which are synchronous: each is a loopback round
+trip of a fraction of a millisecond, during which the other jobs wait. That keeps the code
+simple; a Redis that hangs stalls every job of the process until its socket timeout (2 s),
+and every one of them would fail on that Redis anyway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import structlog
+
+from shared.extractive import ExtractiveSummarizer
+from shared.providers import client_from_settings
+from shared.settings import Settings
+from shared.store import Store
+from shared.store.client import connect
+from shared.summarizers import LLMSummarizer, Summarizer
+
+T = TypeVar("T")
+
+
+def pool_size(settings: Settings) -> int:
+    """Redis connections one worker process may need at once (tasks and lease renewals)."""
+    return max(100, 2 * settings.worker_concurrency + 16)
+
+
+def make_summarizer(settings: Settings) -> Summarizer:
+    """The configured provider's summarizer, else the offline extractive one."""
+    client = client_from_settings(settings)
+    if client is None:
+        return ExtractiveSummarizer()
+    model = settings.summarizer_model
+    return LLMSummarizer(client, model, name=f"{settings.summarizer_protocol}:{model or 'default'}")
+
+
+class Runtime:
+    """The process-wide pieces, made on first use (so importing the app connects nothing)."""
+
+    def __init__(self, settings: Settings, *, summarizer: Summarizer | None = None) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._store: Store | None = None
+        self._summarizer = summarizer  # None: the configured one (`make_summarizer`)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def store(self) -> Store:
+        with self._lock:
+            if self._store is None:
+                self._store = Store.from_url(
+                    self.settings.redis_url, self.settings, max_connections=pool_size(self.settings)
+                )
+            return self._store
+
+    @property
+    def summarizer(self) -> Summarizer:
+        with self._lock:
+            if self._summarizer is None:
+                self._summarizer = make_summarizer(self.settings)
+            return self._summarizer
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the process's loop and wait for it; the caller's log context follows."""
+        bound = structlog.contextvars.get_contextvars()
+        future = asyncio.run_coroutine_threadsafe(_with_context(coro, bound), self._running())
+        return future.result()
+
+    def close(self) -> None:
+        """Close the summarizer's HTTP client, stop the loop, close the store."""
+        with self._lock:
+            loop, thread, summarizer = self._loop, self._thread, self._summarizer
+            self._loop = self._thread = self._summarizer = None
+            store, self._store = self._store, None
+        if loop is not None and thread is not None:
+            client = getattr(summarizer, "client", None)
+            if client is not None and hasattr(client, "aclose"):
+                asyncio.run_coroutine_threadsafe(client.aclose(), loop).result(timeout=10)
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout=10)
+            loop.close()
+        if store is not None:
+            store.close()
+
+    def _running(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="prefit-loop", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return self._loop
+
+
+async def _with_context(coro: Coroutine[Any, Any, T], bound: dict[str, Any]) -> T:
+    # Each asyncio task runs in its own copy of the context: binding here stays in this job.
+    structlog.contextvars.bind_contextvars(**bound)
+    return await coro
