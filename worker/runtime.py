@@ -25,7 +25,6 @@ from shared.extractive import ExtractiveSummarizer
 from shared.providers import client_from_settings
 from shared.settings import Settings
 from shared.store import Store
-from shared.store.client import connect
 from shared.summarizers import LLMSummarizer, Summarizer
 
 T = TypeVar("T")
