@@ -76,9 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
 def _up(ns: argparse.Namespace, settings: Settings) -> int:
+    host = ns.host or settings.host
+    if settings.open_access and host not in LOOPBACK:
+        print(
+            f"prefit up: refusing to listen on {host} with no PREFIT_API_KEYS: without keys the "
+            "service serves one local tenant to anyone who can reach it; set PREFIT_API_KEYS "
+            "(tenant:key,...) or bind to 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
     opts = UpOptions(
-        host=ns.host or settings.host,
+        host=host,
         port=ns.port if ns.port is not None else settings.port,
         workers=ns.workers,
         grace_s=ns.grace,

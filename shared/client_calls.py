@@ -310,6 +310,7 @@ def _build(cls: type[PrefitError], message: str, err: dict[str, Any]) -> PrefitE
             budget=_int(err, "budget"),
             head_tokens=_int(err, "head_tokens"),
             tail_tokens=_int(err, "tail_tokens"),
+            tools_tokens=_int(err, "tools_tokens"),
         )
     elif issubclass(cls, RetryableLLMError):
         retry_after = err.get("retry_after")

@@ -39,6 +39,10 @@ class InvalidId(PrefitError, ValueError):
     """A tenant, conversation or marker id is empty, too long or has forbidden characters."""
 
 
+class InvalidRequest(PrefitError, ValueError):
+    """A request's fields (outside its messages) are missing, mistyped or out of range."""
+
+
 class ConfigError(PrefitError, ValueError):
     """A policy, strategy or setting was given an impossible value."""
 

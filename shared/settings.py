@@ -86,6 +86,11 @@ class Settings(BaseSettings):
     log_level: str = "INFO"
 
     @property
+    def open_access(self) -> bool:
+        """No API key configured: one local tenant, and the API must bind to loopback only."""
+        return not any(part.strip() for part in self.api_keys.split(","))
+
+    @property
     def broker(self) -> str:
         return self.broker_url or self.redis_url
 

@@ -311,3 +311,12 @@ def _wait_healthy(up: subprocess.Popen[str], url: str, timeout_s: float = 60.0) 
             pass
         time.sleep(0.2)
     pytest.fail(f"{url} never answered 200")
+
+
+def test_up_refuses_a_public_bind_without_api_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    """With no PREFIT_API_KEYS, `prefit up --host 0.0.0.0` exits 2 before starting anything."""
+    from shared.settings import Settings
+
+    ns = cli.build_parser().parse_args(["up", "--host", "0.0.0.0"])
+    assert cli._up(ns, Settings(api_keys="")) == 2
+    assert "refusing to listen on 0.0.0.0 with no PREFIT_API_KEYS" in capsys.readouterr().err

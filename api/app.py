@@ -1,0 +1,86 @@
+"""The prefit HTTP API: `create_app(settings)` builds it; `app` is the process's instance.
+
+Building the app reads settings and API keys but connects to nothing: Redis and the broker
+are reached on the first request. With no API keys configured the service runs in open
+mode (one tenant, `local`) and must listen on loopback only: `requires_loopback(settings)`
+says so to the CLI, which enforces the bind, and start-up logs a warning.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from fastapi import FastAPI
+
+from api import errors, routes
+from api.auth import LOCAL_TENANT
+from api.deps import Services
+from api.enqueue import Enqueue
+from api.limits import BodyLimit
+from api.logging import RequestLogger
+from shared.logs import configure_logging, get_logger
+from shared.settings import Settings, get_settings
+from shared.store import Store
+
+log = get_logger(__name__)
+
+DESCRIPTION = (
+    "Keeps long LLM conversations inside the model's input window. Summaries are computed "
+    "ahead of time by workers; prepare never calls an LLM. See docs/api.md."
+)
+
+
+def requires_loopback(settings: Settings) -> bool:
+    """True when no API key is configured: the server must then bind to loopback only."""
+    return settings.open_access
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    store: Store | None = None,
+    enqueue: Enqueue | None = None,
+    configure_logs: bool = False,
+) -> FastAPI:
+    """The API on `settings` (the process's by default); `store`/`enqueue` replace the real ones.
+
+    `configure_logs` sets up structlog (JSON lines) at start-up: the process's `app` does;
+    apps made in tests leave the global logging configuration alone.
+    """
+    chosen = settings if settings is not None else get_settings()
+    services = Services.build(chosen, store=store, enqueue=enqueue)
+    owns_store = store is None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if configure_logs and not structlog.is_configured():
+            configure_logging(json=chosen.log_json, level=chosen.log_level)
+        if services.keyring.open:
+            log.warning(
+                "api.open_mode",
+                tenant=LOCAL_TENANT,
+                detail="no PREFIT_API_KEYS: one local tenant; bind to loopback only",
+            )
+        warm = getattr(services.enqueue, "warm", None)
+        if callable(warm):  # Celery's imports take ~1 s: not on the first request's time
+            threading.Thread(target=warm, name="prefit-warm-celery", daemon=True).start()
+        log.info("api.started", tenants=len(services.keyring.tenants), models=sorted(chosen.models))
+        try:
+            yield
+        finally:
+            await services.aclose()
+            services.close(close_store=owns_store)
+
+    app = FastAPI(title="prefit", version="1", description=DESCRIPTION, lifespan=lifespan)
+    app.state.services = services
+    errors.install(app)
+    app.include_router(routes.router)
+    app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
+    app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s
+    return app
+
+
+app = create_app(configure_logs=True)

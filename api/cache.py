@@ -1,0 +1,158 @@
+"""Conversations kept in the API process, checked against the store on every use.
+
+A stored prepare needs the whole transcript; decoding 128k tokens of JSON per call would
+dominate its latency. The cache keeps each conversation's decoded messages, their stored
+canonical JSON and their prefix hashes, and every load asks the store (one round trip) for
+what follows the cached prefix, verified by hash: an append costs a read of the new
+messages, a replace a full reload, and nothing stale is ever served. Entries are never
+mutated (a prepare in flight keeps its snapshot); an update makes a new entry.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared.errors import NotFound
+from shared.hashing import canonical
+from shared.messages import Message
+from shared.store.chain import EMPTY, extend_chain
+from shared.store.increments import AsyncIncrements, Increment, Increments
+from shared.summaries import SummaryRecord
+
+MAX_CHARS = 256 * 1024 * 1024  # bytes of stored JSON held, across conversations
+MAX_ENTRIES = 4096
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A consistent transcript: messages, their canonical JSON, and hashes (len n+1)."""
+
+    messages: list[Message]
+    raw: list[bytes]
+    hashes: list[str]
+    weight: int
+    _by_id: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def length(self) -> int:
+        return len(self.messages)
+
+    def extended(
+        self, messages: Sequence[Message], raw: Sequence[bytes], hashes: Sequence[str]
+    ) -> Loaded:
+        return Loaded(
+            [*self.messages, *messages],
+            [*self.raw, *raw],
+            [*self.hashes, *hashes],
+            self.weight + sum(map(len, raw)),
+        )
+
+    def encoded(self, message: Message) -> bytes:
+        """The JSON of `message`: its stored bytes when it is one of ours, unchanged."""
+        if not self._by_id:
+            self._by_id.update(zip(map(id, self.messages), self.raw, strict=True))
+        found = self._by_id.get(id(message))
+        return found if found is not None else canonical(message)
+
+
+EMPTY_LOADED = Loaded([], [], [EMPTY], 0)
+
+
+class ConversationCache:
+    """An LRU of `Loaded` conversations, bounded by entries and bytes."""
+
+    def __init__(
+        self, increments: Increments, *, max_chars: int = MAX_CHARS, max_entries: int = MAX_ENTRIES
+    ) -> None:
+        self._increments = increments
+        self._max_chars = max_chars
+        self._max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str], Loaded] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def load(self, tenant: str, conv_id: str) -> tuple[Loaded, SummaryRecord | None]:
+        """The stored conversation and its best summary record (at any length), reading only
+        what the cache lacks, in one round trip; `NotFound` if absent."""
+        known = self._get(tenant, conv_id) or EMPTY_LOADED
+        inc = self._increments.since(
+            tenant, conv_id, start=known.length, prefix_hash=known.hashes[-1]
+        )
+        if inc.exists and not inc.matches:  # replaced: read it all again
+            known = EMPTY_LOADED
+            inc = self._increments.since(tenant, conv_id, start=0, prefix_hash=EMPTY)
+        return self._apply(tenant, conv_id, known, inc)
+
+    async def aload(
+        self, tenant: str, conv_id: str, increments: AsyncIncrements
+    ) -> tuple[Loaded, SummaryRecord | None]:
+        """`load` on an asyncio Redis client: no thread hop, no blocked event loop."""
+        known = self._get(tenant, conv_id) or EMPTY_LOADED
+        inc = await increments.since(
+            tenant, conv_id, start=known.length, prefix_hash=known.hashes[-1]
+        )
+        if inc.exists and not inc.matches:
+            known = EMPTY_LOADED
+            inc = await increments.since(tenant, conv_id, start=0, prefix_hash=EMPTY)
+        return self._apply(tenant, conv_id, known, inc)
+
+    def _apply(
+        self, tenant: str, conv_id: str, known: Loaded, inc: Increment
+    ) -> tuple[Loaded, SummaryRecord | None]:
+        if not inc.exists:
+            self.drop(tenant, conv_id)
+            raise NotFound(f"conversation {conv_id!r} not found")
+        if not inc.raw and known.length == inc.length:
+            return known, inc.best
+        loaded = known.extended([json.loads(r) for r in inc.raw], inc.raw, inc.hashes)
+        self._put(tenant, conv_id, loaded)
+        return loaded, inc.best
+
+    def appended(
+        self,
+        tenant: str,
+        conv_id: str,
+        *,
+        old_length: int,
+        old_hash: str,
+        messages: Sequence[Message],
+    ) -> None:
+        """Extend a cached entry by messages just appended after `old_length` (else forget it)."""
+        known = self._get(tenant, conv_id)
+        if known is None or known.length != old_length or known.hashes[-1] != old_hash:
+            return
+        raw = [canonical(m) for m in messages]
+        self._put(
+            tenant, conv_id, known.extended(list(messages), raw, extend_chain(old_hash, messages))
+        )
+
+    def drop(self, tenant: str, conv_id: str) -> None:
+        with self._lock:
+            gone = self._entries.pop((tenant, conv_id), None)
+            if gone is not None:
+                self._chars -= gone.weight
+
+    def _get(self, tenant: str, conv_id: str) -> Loaded | None:
+        with self._lock:
+            found = self._entries.get((tenant, conv_id))
+            if found is not None:
+                self._entries.move_to_end((tenant, conv_id))
+            return found
+
+    def _put(self, tenant: str, conv_id: str, loaded: Loaded) -> None:
+        if loaded.weight > self._max_chars // 2:
+            self.drop(tenant, conv_id)
+            return
+        with self._lock:
+            old = self._entries.pop((tenant, conv_id), None)
+            if old is not None:
+                self._chars -= old.weight
+            self._entries[(tenant, conv_id)] = loaded
+            self._chars += loaded.weight
+            while self._chars > self._max_chars or len(self._entries) > self._max_entries:
+                _, evicted = self._entries.popitem(last=False)
+                self._chars -= evicted.weight

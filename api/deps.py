@@ -1,0 +1,167 @@
+"""What every request handler needs, built once per app: settings, store, counters, caches.
+
+Nothing here connects to Redis: clients connect on their first command, so building the app
+(and importing `api.app`) is safe without Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from api.auth import KeyRing
+from api.cache import ConversationCache
+from api.calibration import CachedRatios
+from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
+from api.logging import request_log
+from api.metrics import Metrics, StoreCollector
+from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.settings import Settings
+from shared.store import Store
+from shared.store.client import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, connect
+from shared.store.increments import AsyncIncrements, Increments
+from shared.store.lookup import RecordLookup
+from shared.store.tally import Tally
+
+
+def async_client_like(client: redis.Redis) -> redis.asyncio.Redis:
+    """An asyncio client on the same server, database and credentials as `client`."""
+    kw = client.connection_pool.connection_kwargs
+    common: dict[str, Any] = {
+        "db": kw.get("db", 0),
+        "username": kw.get("username"),
+        "password": kw.get("password"),
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+    }
+    if "path" in kw:
+        return redis.asyncio.Redis(unix_socket_path=kw["path"], **common)
+    ssl = client.connection_pool.connection_class is redis.SSLConnection
+    return redis.asyncio.Redis(
+        host=kw.get("host", "localhost"), port=kw.get("port", 6379), ssl=ssl, **common
+    )
+
+
+def counter_id(base: TokenCounter) -> str:
+    """A short id of a counter's configuration: a tally made by another one is recounted."""
+    return hashlib.blake2b(repr(base).encode(), digest_size=6).hexdigest()
+
+
+@dataclass
+class Services:
+    """The app's long-lived parts (one per app; shared by every request)."""
+
+    settings: Settings
+    keyring: KeyRing
+    store: Store
+    enqueue: Enqueue
+    metrics: Metrics = field(default_factory=Metrics)
+    base: HeuristicCounter = field(default_factory=HeuristicCounter)
+    _broker: Any = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _aclients: dict[asyncio.AbstractEventLoop, AsyncIncrements] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        client = self.store.client
+        retention = self.settings.retention_s
+        self.tally = Tally(client, retention_s=retention)
+        self.lookup = RecordLookup(client)
+        self.cache = ConversationCache(Increments(client))
+        self.ratios = CachedRatios(self.store.ratios)
+        self.counter = CalibratedCounter(self.base, ratios=self.ratios)
+        self.counter_id = counter_id(self.base)
+        self.trigger = SummaryTrigger(
+            self.store, self.enqueue, on_sent=self.metrics.sent, on_claimed=self.metrics.claimed
+        )
+        self.metrics.watch_store(
+            StoreCollector(
+                queue=self.settings.summary_queue,
+                broker=self.broker,
+                usage=self.store.usage.get,
+                tenants=self.keyring.tenants,
+            )
+        )
+
+    @classmethod
+    def build(
+        cls, settings: Settings, *, store: Store | None = None, enqueue: Enqueue | None = None
+    ) -> Services:
+        keyring = KeyRing.parse(settings.api_keys)
+        return cls(
+            settings=settings,
+            keyring=keyring,
+            store=store if store is not None else Store.from_url(settings.redis_url, settings),
+            enqueue=enqueue if enqueue is not None else CeleryEnqueue(settings),
+        )
+
+    def increments(self) -> AsyncIncrements:
+        """Async incremental reads on this event loop's own Redis client (made on first use).
+
+        A `redis.asyncio` client belongs to one loop; the server has one, but tests start a
+        loop per client, so clients are kept per loop and those of closed loops dropped.
+        """
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            for old in [lp for lp in self._aclients if lp.is_closed()]:
+                del self._aclients[old]
+            found = self._aclients.get(loop)
+            if found is None:
+                found = AsyncIncrements(async_client_like(self.store.client))
+                self._aclients[loop] = found
+            return found
+
+    async def aclose(self) -> None:
+        """Close this loop's async client (the sync ones are closed by `close`)."""
+        with self._lock:
+            found = self._aclients.pop(asyncio.get_running_loop(), None)
+        if found is not None:
+            await found.aclose()
+
+    def broker(self) -> Any:
+        """A Redis client on the broker (for readiness and queue depth), made on first use."""
+        with self._lock:
+            if self._broker is None:
+                self._broker = connect(self.settings.broker)
+            return self._broker
+
+    def close(self, *, close_store: bool = True) -> None:
+        closer = getattr(self.enqueue, "close", None)
+        if callable(closer):
+            closer()
+        if self._broker is not None:
+            self._broker.close()
+            self._broker = None
+        if close_store:
+            self.store.close()
+
+
+_bearer = HTTPBearer(auto_error=False, description="Bearer <API key> (PREFIT_API_KEYS)")
+
+
+async def get_services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+async def get_tenant(
+    request: Request,
+    credentials: HTTPAuthorizationCredentials | None = Depends(_bearer),  # noqa: B008
+) -> str:
+    """The request's tenant, from its bearer key only."""
+    svc: Services = request.app.state.services
+    header = (
+        f"Bearer {credentials.credentials}"
+        if credentials is not None
+        else request.headers.get("authorization")
+    )
+    tenant = svc.keyring.tenant_for(header)
+    request_log(request).tenant = tenant
+    return tenant

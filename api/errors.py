@@ -1,0 +1,146 @@
+"""Errors as responses: `{"error": {"type", "message", ...}}`, one status per error class.
+
+One handler maps the whole `PrefitError` tree (the nearest class in the MRO decides the
+status); two more translate the framework's own errors (bad JSON, schema violations,
+unknown routes) into the same shape. Anything else is a bug, answered 500 by the request
+logger (api/logging.py), which logs its type and stack but never its message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from api.logging import request_log
+from shared.errors import (
+    ConfigError,
+    DoesNotFit,
+    InvalidId,
+    InvalidRequest,
+    InvalidTranscript,
+    LengthMismatch,
+    LLMError,
+    NotFound,
+    PrefitError,
+    StoreUnavailable,
+    TooLarge,
+    Unauthorized,
+    UnknownModel,
+)
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+RETRY_AFTER_S = 1
+
+# TooLarge raised inside the app is about counts and string sizes (422); body bytes get
+# their 413 from the BodyLimit middleware before the app runs.
+STATUS: dict[type[PrefitError], int] = {
+    InvalidTranscript: 422,
+    InvalidId: 422,
+    DoesNotFit: 422,
+    UnknownModel: 422,
+    ConfigError: 422,
+    InvalidRequest: 422,
+    TooLarge: 422,
+    NotFound: 404,
+    LengthMismatch: 409,
+    Unauthorized: 401,
+    StoreUnavailable: 503,
+    LLMError: 503,
+}
+
+
+def status_of(exc: PrefitError) -> int:
+    """The HTTP status of an error: that of the nearest mapped class, else 400."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 400
+
+
+def error_body(exc: PrefitError) -> dict[str, Any]:
+    """The `error` object: type, message, and the error's structured fields."""
+    body: dict[str, Any] = {"type": type(exc).__name__, "message": str(exc)}
+    if isinstance(exc, InvalidTranscript):
+        body["reason"] = exc.reason
+        if exc.index is not None:
+            body["index"] = exc.index
+    elif isinstance(exc, LengthMismatch):
+        body.update(expected=exc.expected, actual=exc.actual)
+    elif isinstance(exc, DoesNotFit):
+        body.update(
+            tokens=exc.tokens,
+            budget=exc.budget,
+            head_tokens=exc.head_tokens,
+            tail_tokens=exc.tail_tokens,
+            tools_tokens=exc.tools_tokens,
+        )
+    return body
+
+
+def error_response(exc: PrefitError) -> JSONResponse:
+    status = status_of(exc)
+    headers: dict[str, str] = {}
+    if status == 503:
+        headers["Retry-After"] = str(RETRY_AFTER_S)
+    elif status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)
+
+
+async def on_prefit_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, PrefitError)
+    request_log(request).error = type(exc).__name__
+    return error_response(exc)
+
+
+async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    error = _from_validation(exc)
+    response = await on_prefit_error(request, error)
+    if _is_bad_json(exc):
+        response.status_code = 400
+    return response
+
+
+async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HTTPException)
+    name = {404: "NotFound", 401: "Unauthorized"}.get(exc.status_code, "InvalidRequest")
+    request_log(request).error = name
+    body = {"error": {"type": name, "message": str(exc.detail)}}
+    return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+def install(app: FastAPI) -> None:
+    """Register every handler on `app`."""
+    app.add_exception_handler(PrefitError, on_prefit_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(HTTPException, on_http_error)
+    # Any other exception is a bug: the RequestLogger middleware answers it (api/logging.py).
+
+
+def _from_validation(exc: RequestValidationError) -> PrefitError:
+    """The first schema violation as a typed error: messages give their index."""
+    first: dict[str, Any] = next(iter(exc.errors()), {})
+    loc = [p for p in first.get("loc", ()) if p != "body"]
+    msg = str(first.get("msg", "invalid request"))
+    if first.get("type") == "json_invalid":
+        reason = (first.get("ctx") or {}).get("error", msg)
+        return InvalidTranscript(f"request body is not valid JSON: {reason}")
+    where = ".".join(str(p) for p in loc) or "body"
+    if loc and loc[0] == "messages":
+        index = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+        detail = ".".join(str(p) for p in loc[2:])
+        return InvalidTranscript(f"{detail + ': ' if detail else ''}{msg}", index)
+    if loc and loc[0] in ("tools", "system"):
+        return InvalidTranscript(f"{where}: {msg}")
+    return InvalidRequest(f"{where}: {msg}")
+
+
+def _is_bad_json(exc: RequestValidationError) -> bool:
+    return any(e.get("type") == "json_invalid" for e in exc.errors())

@@ -1,0 +1,189 @@
+"""Prometheus metrics of one app, on a registry of its own (so apps in one process do not clash).
+
+Request-level numbers come from the canonical request log record; queue depth and LLM usage
+are read from Redis when scraped (LLEN of the broker's summary lists, the usage counters of
+every configured tenant). A scrape with Redis down reports `prefit_store_up 0` and the
+request metrics; it never fails.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from api.logging import RequestLog
+from shared import keys
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.015,
+    0.02,
+    0.03,
+    0.05,
+    0.075,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
+PREPARE_ROUTES = {
+    "/v1/conversations/{conversation_id}/prepare": "stored",
+    "/v1/prepare": "stateless",
+}
+APPEND_ROUTE = "/v1/conversations/{conversation_id}/messages"
+
+
+class Metrics:
+    """The app's metrics; `observe` takes every finished request's log record."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "prefit_http_requests", "HTTP requests", ["route", "status"], registry=r
+        )
+        self.prepare = Histogram(
+            "prefit_prepare_seconds",
+            "prepare latency",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.append = Histogram(
+            "prefit_append_seconds", "append latency", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.strategies = Counter(
+            "prefit_strategies_applied", "strategies applied by prepare", ["strategy"], registry=r
+        )
+        self.summaries = Counter(
+            "prefit_summary_lookups",
+            "prepares that needed a summary: hit (ready) or miss (stale)",
+            ["result"],
+            registry=r,
+        )
+        self.stale = Counter(
+            "prefit_stale_prepares", "prepares answered while a summary was due", registry=r
+        )
+        self.degraded = Counter(
+            "prefit_degraded_prepares", "prepares answered without Redis", registry=r
+        )
+        self.enqueued = Counter(
+            "prefit_summaries_enqueued", "summary jobs sent", ["kind"], registry=r
+        )
+        self.claims = Counter(
+            "prefit_summary_claims",
+            "summary jobs claimed (sent or failed later)",
+            ["kind"],
+            registry=r,
+        )
+        self.enqueue_failures = Counter(
+            "prefit_summary_enqueue_failures",
+            "summary jobs the broker refused",
+            ["kind"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "prefit_errors", "error responses by error type", ["type"], registry=r
+        )
+
+    def observe(self, record: RequestLog) -> None:
+        self.requests.labels(record.route, str(record.status)).inc()
+        if record.error is not None:
+            self.errors.labels(record.error).inc()
+        if not 200 <= record.status < 300:
+            return
+        seconds = record.latency_ms / 1000
+        kind = PREPARE_ROUTES.get(record.route)
+        if kind is not None:
+            self.prepare.labels(kind).observe(seconds)
+            for name in record.strategies:
+                self.strategies.labels(name).inc()
+            if record.summary_hit is not None:
+                self.summaries.labels("hit" if record.summary_hit else "miss").inc()
+            if record.stale:
+                self.stale.inc()
+            if record.degraded:
+                self.degraded.inc()
+        elif record.route == APPEND_ROUTE:
+            self.append.observe(seconds)
+
+    def claimed(self, kind: str) -> None:
+        """A summary job was claimed (its send follows, after the answer)."""
+        self.claims.labels(kind).inc()
+
+    def sent(self, kind: str, ok: bool) -> None:
+        """A summary job was published (or failed to be)."""
+        (self.enqueued if ok else self.enqueue_failures).labels(kind).inc()
+
+    def watch_store(self, collector: StoreCollector) -> None:
+        self.registry.register(collector)
+
+    def render(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+class StoreCollector:
+    """Scrape-time numbers from Redis: summary queue depth and per-tenant LLM usage."""
+
+    def __init__(
+        self,
+        *,
+        queue: str,
+        broker: Callable[[], Any],
+        usage: Callable[[str], Any],
+        tenants: Sequence[str],
+    ) -> None:
+        self._queue = queue
+        self._broker = broker
+        self._usage = usage
+        self._tenants = list(tenants)
+
+    def describe(self) -> list[Metric]:
+        return []  # collected at scrape time only
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("prefit_store_up", "1 if Redis answered this scrape")
+        depth = GaugeMetricFamily(
+            "prefit_summary_queue_depth", "summary jobs waiting in the broker"
+        )
+        tokens = CounterMetricFamily(
+            "prefit_llm_tokens", "summarizer tokens", labels=["tenant", "direction"]
+        )
+        cost = CounterMetricFamily(
+            "prefit_llm_cost_usd", "summarizer cost in USD", labels=["tenant"]
+        )
+        made = CounterMetricFamily(
+            "prefit_summaries_made", "summary records written", labels=["tenant"]
+        )
+        ok = 1.0
+        try:
+            pipe = self._broker().pipeline(transaction=False)
+            for key in keys.broker_queues(self._queue):
+                pipe.llen(key)
+            depth.add_metric([], float(sum(int(n) for n in pipe.execute())))
+            for tenant in self._tenants:
+                u = self._usage(tenant)
+                tokens.add_metric([tenant, "input"], float(u.input_tokens))
+                tokens.add_metric([tenant, "output"], float(u.output_tokens))
+                cost.add_metric([tenant], float(u.cost))
+                made.add_metric([tenant], float(u.summaries))
+        except Exception as exc:  # a scrape must answer even with Redis down
+            log.warning("metrics.store_unavailable", error=type(exc).__name__)
+            ok = 0.0
+        up.add_metric([], ok)
+        yield up
+        if ok:
+            yield from (depth, tokens, cost, made)

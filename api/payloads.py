@@ -1,0 +1,76 @@
+"""Request and response bodies in either wire format, and validation of appended turns.
+
+prefit works in OpenAI chat format; `"format": "anthropic"` requests (top-level `system`,
+content blocks, `tool_use`/`tool_result`) are converted losslessly by shared/formats.py on
+the way in and back on the way out. Error indices name the messages as the client sent them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from api.cache import Loaded
+from shared.errors import InvalidTranscript
+from shared.formats import from_anthropic, to_anthropic, tools_from_anthropic
+from shared.messages import Message, ToolSpec, validate
+
+
+def incoming(
+    messages: list[dict[str, Any]],
+    *,
+    format: str,
+    system: Any,
+    previous: Message | None = None,
+) -> list[Message]:
+    """The request's messages in OpenAI format (`previous`: the stored message they follow)."""
+    if format == "anthropic":
+        return from_anthropic(system, messages, previous=previous)
+    if system is not None:
+        raise InvalidTranscript("'system' is only accepted with format 'anthropic'")
+    return messages
+
+
+def incoming_tools(tools: list[dict[str, Any]] | None, *, format: str) -> list[ToolSpec]:
+    """The request's tool specs in OpenAI format."""
+    if not tools:
+        return []
+    return tools_from_anthropic(tools) if format == "anthropic" else tools
+
+
+def validate_appended(context: Sequence[Message], new: Sequence[Message], *, format: str) -> None:
+    """Validate `new` as it will follow `context` (the last stored turn group).
+
+    A tool result must answer the assistant message before it, which may be stored already.
+    """
+    try:
+        validate([*context, *new])
+    except InvalidTranscript as exc:
+        if exc.index is None or exc.index < len(context):
+            raise InvalidTranscript(
+                f"does not continue the stored conversation: {exc.reason}"
+            ) from None
+        index = exc.index - len(context) if format == "openai" else None
+        raise InvalidTranscript(exc.reason, index) from None
+
+
+def prepared_body(
+    messages: Sequence[Message],
+    tokens: int,
+    report: dict[str, Any],
+    *,
+    format: str,
+    loaded: Loaded | None = None,
+) -> bytes:
+    """The JSON answer of a prepare; stored messages are emitted as their stored bytes."""
+    tail = json.dumps({"tokens": tokens, "report": report}, ensure_ascii=False)[1:]
+    if format == "anthropic":
+        system, converted = to_anthropic(messages)
+        body = {"messages": converted, "system": system, "tokens": tokens, "report": report}
+        return json.dumps(body, ensure_ascii=False).encode()
+    if loaded is None:
+        encoded = json.dumps(list(messages), ensure_ascii=False).encode()
+    else:
+        encoded = b"[" + b",".join(loaded.encoded(m) for m in messages) + b"]"
+    return b'{"messages":' + encoded + b"," + tail.encode()

@@ -1,0 +1,252 @@
+"""Prepare (stored and stateless) and observe. Prepare never calls an LLM.
+
+The policy is built without a summarizer: it serves the best stored summary record, the
+cheap strategies and DropOldest. When the report says a summary is due and not ready
+(`stale`), the stored prepare asks the workers for it at high priority and may wait up to
+`wait_ms` for it, polling the record index (one small Lua call per poll), then prepares
+again. A stateless prepare needs Redis only for the calibration ratio and a summary of the
+same prefix; without Redis it still answers, from the cheap strategies, marked `degraded`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from functools import partial
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from api.cache import Loaded
+from api.deps import Services
+from api.enqueue import Claim, size_step
+from api.logging import RequestLog
+from api.payloads import incoming, incoming_tools, prepared_body
+from api.policies import Window, make_policy
+from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
+from shared.calibration import ScaledCounter
+from shared.errors import StoreUnavailable
+from shared.hashing import prefix_hashes
+from shared.jobs import SummaryJob
+from shared.logs import get_logger
+from shared.messages import Message, ToolSpec, validate
+from shared.policy import ContextPolicy, Prepared
+from shared.summaries import SummaryBook, SummaryRecord
+
+log = get_logger(__name__)
+
+POLL_S = 0.025
+
+
+class Preparer:
+    """The prepare and observe routes' logic, on the app's services."""
+
+    def __init__(self, svc: Services) -> None:
+        self.svc = svc
+
+    async def stored(
+        self, tenant: str, conv_id: str, req: PrepareStoredRequest, window: Window, rec: RequestLog
+    ) -> tuple[bytes, Claim | None]:
+        """The answer, and a claimed summary job for the caller to send after it (if any)."""
+        loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
+        tools = incoming_tools(req.tools, format=req.format)
+        policy = make_policy(self.svc.settings, window, await self._counter(window.model))
+        _, tail = policy.regions(loaded.messages)
+        if best is not None and best.upto > tail:  # rare: a record past the protected tail
+            best = await run_in_threadpool(
+                self.svc.store.records.best, tenant, conv_id, upto_max=tail
+            )
+        prepared = await self._prepare(
+            policy, loaded.messages, tools, window, best, req.pressure, loaded.hashes
+        )
+        report = _report(prepared)
+        claim = None
+        if report["stale"]:
+            wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
+            extra = self.svc.base.count_tools(tools, window.model)
+            step = size_step(report["tokens_before"], report["budget"])
+            claim = await self._claim(tenant, conv_id, loaded, window, best, rec, extra, step)
+            newer = None
+            if wait > 0:
+                if claim is not None:  # sent now: the wait is for its result
+                    await run_in_threadpool(self.svc.trigger.send, claim)
+                    claim = None
+                newer = await self._wait(tenant, conv_id, best, tail, wait, rec)
+            if newer is not None:
+                prepared = await self._prepare(
+                    policy, loaded.messages, tools, window, newer, req.pressure, loaded.hashes
+                )
+                report = _report(prepared)
+            if rec.waited_ms is not None:
+                report["waited_ms"] = rec.waited_ms
+        report["degraded"] = False
+        _note(rec, report, degraded=False)
+        body = prepared_body(
+            prepared.messages, report["tokens_after"], report, format=req.format, loaded=loaded
+        )
+        return body, claim
+
+    async def stateless(
+        self, tenant: str, req: PrepareRequest, window: Window, rec: RequestLog
+    ) -> bytes:
+        messages = validate(incoming(req.messages, format=req.format, system=req.system))
+        tools = incoming_tools(req.tools, format=req.format)
+        degraded = False
+        try:
+            counter = await self._counter(window.model)
+        except StoreUnavailable:
+            degraded = True
+            last = self.svc.ratios.last_known(window.model)
+            counter = ScaledCounter(self.svc.base, last if last is not None else 1.0)
+        policy = make_policy(self.svc.settings, window, counter)
+        best = None
+        hashes = None
+        if not degraded and self._over(policy, messages, tools, window, req.pressure):
+            hashes = prefix_hashes(messages)
+            try:
+                best = await self._same_prefix(tenant, policy, messages, hashes)
+            except StoreUnavailable:
+                degraded = True
+        book = SummaryBook([best]) if best is not None else None
+        prepared = await policy.prepare(
+            messages,
+            tools=tools,
+            model=window.model,
+            book=book,
+            pressure=req.pressure,
+            hashes=hashes,
+        )
+        report = _report(prepared)
+        report["degraded"] = degraded
+        _note(rec, report, degraded=degraded)
+        return prepared_body(prepared.messages, report["tokens_after"], report, format=req.format)
+
+    async def observe(self, req: ObserveRequest) -> None:
+        messages = validate(incoming(req.messages, format=req.format, system=req.system))
+        tools = incoming_tools(req.tools, format=req.format)
+        estimated = self.svc.base.count(messages, tools, req.model)
+        await run_in_threadpool(
+            self.svc.counter.observe, req.model, estimated, req.actual_prompt_tokens
+        )
+
+    # --- helpers -------------------------------------------------------------------------
+    async def _counter(self, model: str) -> ScaledCounter:
+        """The request's counter: the model's ratio read once (from the 1 s cache if fresh)."""
+        if self.svc.ratios.fresh(model):
+            return self.svc.counter.scaled(model)
+        scaled: ScaledCounter = await run_in_threadpool(self.svc.counter.scaled, model)
+        return scaled
+
+    @staticmethod
+    async def _prepare(
+        policy: ContextPolicy,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        window: Window,
+        best: SummaryRecord | None,
+        pressure: float,
+        hashes: list[str] | None = None,
+    ) -> Prepared:
+        book = SummaryBook([best] if best is not None else [])
+        return await policy.prepare(
+            messages, tools=tools, model=window.model, book=book, pressure=pressure, hashes=hashes
+        )
+
+    async def _claim(
+        self,
+        tenant: str,
+        conv_id: str,
+        loaded: Loaded,
+        window: Window,
+        best: SummaryRecord | None,
+        rec: RequestLog,
+        extra_tokens: int,
+        step: int,
+    ) -> Claim | None:
+        """Claim the due summary's job at high priority (None: claimed already, or no Redis)."""
+        job = SummaryJob(
+            tenant,
+            conv_id,
+            window.model,
+            window.max_input_tokens,
+            window.reserve_output,
+            loaded.length,
+            loaded.hashes[-1],
+            extra_tokens=extra_tokens,
+        )
+        try:
+            claim: Claim | None = await run_in_threadpool(
+                partial(self.svc.trigger.claim, job, "stale", best, step=step)
+            )
+        except StoreUnavailable as exc:  # the answer stands without it; the next prepare asks
+            log.warning(
+                "summary.trigger_failed",
+                tenant=tenant,
+                conversation_id=conv_id,
+                error=type(exc).__name__,
+            )
+            return None
+        if claim is not None:
+            rec.enqueued = "stale"
+        return claim
+
+    async def _wait(
+        self,
+        tenant: str,
+        conv_id: str,
+        best: SummaryRecord | None,
+        tail: int,
+        wait_ms: int,
+        rec: RequestLog,
+    ) -> SummaryRecord | None:
+        """Poll the record index until a record newer than `best` appears, or `wait_ms` pass."""
+        started = time.monotonic()
+        deadline = started + wait_ms / 1000
+        newer = None
+        while newer is None and time.monotonic() < deadline:
+            await asyncio.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+            found = await run_in_threadpool(
+                self.svc.store.records.best, tenant, conv_id, upto_max=tail
+            )
+            if found is not None and (best is None or found.upto > best.upto):
+                newer = found
+        rec.waited_ms = round((time.monotonic() - started) * 1000, 1)
+        return newer
+
+    @staticmethod
+    def _over(
+        policy: ContextPolicy,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        window: Window,
+        pressure: float,
+    ) -> bool:
+        raw = policy.counter.count(messages, tools, window.model)
+        return raw / pressure > policy.trigger * policy.budget(window.model)
+
+    async def _same_prefix(
+        self, tenant: str, policy: ContextPolicy, messages: list[Message], hashes: list[str]
+    ) -> SummaryRecord | None:
+        """A record of the tenant's for a prefix of `messages` (cut points in (head, tail])."""
+        head, tail = policy.regions(messages)
+        cuts = [
+            (k, hashes[k])
+            for k in range(head + 1, tail + 1)
+            if k == len(messages) or messages[k].get("role") != "tool"
+        ]
+        found: SummaryRecord | None = await run_in_threadpool(self.svc.lookup.longest, tenant, cuts)
+        return found
+
+
+def _report(prepared: Prepared) -> dict[str, Any]:
+    return dict(prepared.report or {})
+
+
+def _note(rec: RequestLog, report: dict[str, Any], *, degraded: bool) -> None:
+    rec.strategies = [str(a.get("strategy")) for a in report.get("applied", [])]
+    rec.stale = bool(report.get("stale"))
+    rec.degraded = degraded
+    if report.get("summary") is not None:
+        rec.summary_hit = True
+    elif report.get("stale"):
+        rec.summary_hit = False

@@ -1,0 +1,220 @@
+"""The HTTP routes (see docs/api.md): thin; the logic is in conversations.py and prepare.py.
+
+Handlers are async and hand blocking Redis work to the threadpool in one hop each (the stored
+prepare reads on an asyncio client instead), so a slow or absent Redis never stalls the
+event loop (health checks keep answering).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, BackgroundTasks, Depends, Path, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.concurrency import run_in_threadpool
+
+from api.conversations import Conversations, Sizes
+from api.deps import Services, get_services, get_tenant
+from api.errors import RETRY_AFTER_S
+from api.limits import check_sizes
+from api.logging import RequestLog, request_log
+from api.policies import resolve_window
+from api.prepare import Preparer
+from api.schemas import (
+    CONVERSATION_ID,
+    AppendRequest,
+    ConversationInfo,
+    ConversationState,
+    ErrorResponse,
+    ObserveRequest,
+    PrepareRequest,
+    PrepareResponse,
+    PrepareStoredRequest,
+    ReplaceRequest,
+)
+from shared import keys
+
+ConvId = Annotated[str, Path(pattern=CONVERSATION_ID, max_length=keys.MAX_ID_CHARS)]
+Tenant = Annotated[str, Depends(get_tenant)]
+Svc = Annotated[Services, Depends(get_services)]
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 401, 409, 413, 422, 503)
+}
+_CONV_ERRORS: dict[int | str, dict[str, Any]] = {**_ERRORS, 404: {"model": ErrorResponse}}
+JSON = "application/json"
+
+router = APIRouter()
+
+
+def _limit(svc: Services, **fields: Any) -> None:
+    s = svc.settings
+    check_sizes(fields.items(), max_messages=s.max_messages, max_string_chars=s.max_string_chars)
+
+
+def _after(rec: RequestLog, sizes: Sizes, background: BackgroundTasks, svc: Services) -> None:
+    rec.length = sizes.length
+    if sizes.claim is not None:
+        rec.enqueued = sizes.claim.kind
+        background.add_task(svc.trigger.send, sizes.claim)  # after the answer is sent
+
+
+def _state(conv_id: str, sizes: Sizes) -> ConversationState:
+    return ConversationState(
+        conversation_id=conv_id,
+        length=sizes.length,
+        tokens=sizes.tokens,
+        effective_tokens=sizes.effective_tokens,
+        state=sizes.state,
+    )
+
+
+@router.post("/v1/conversations/{conversation_id}/messages", responses=_ERRORS)
+async def append_messages(
+    request: Request,
+    conversation_id: ConvId,
+    body: AppendRequest,
+    tenant: Tenant,
+    svc: Svc,
+    background: BackgroundTasks,
+) -> ConversationState:
+    """Append turn(s); 409 unless `expected_length` (if given) is the stored length."""
+    rec = request_log(request)
+    rec.conversation_id = conversation_id
+    _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
+    window = resolve_window(svc.settings, body.model, body.max_input_tokens)
+    sizes = await run_in_threadpool(
+        Conversations(svc).append, tenant, conversation_id, body, window
+    )
+    _after(rec, sizes, background, svc)
+    return _state(conversation_id, sizes)
+
+
+@router.put("/v1/conversations/{conversation_id}", responses=_ERRORS)
+async def replace_conversation(
+    request: Request,
+    conversation_id: ConvId,
+    body: ReplaceRequest,
+    tenant: Tenant,
+    svc: Svc,
+    background: BackgroundTasks,
+) -> ConversationState:
+    """Replace the whole conversation (edits, regenerations); creates it if absent."""
+    rec = request_log(request)
+    rec.conversation_id = conversation_id
+    _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
+    window = resolve_window(svc.settings, body.model, body.max_input_tokens)
+    sizes = await run_in_threadpool(
+        Conversations(svc).replace, tenant, conversation_id, body, window
+    )
+    _after(rec, sizes, background, svc)
+    return _state(conversation_id, sizes)
+
+
+@router.get("/v1/conversations/{conversation_id}", responses=_CONV_ERRORS)
+async def get_conversation(
+    request: Request, conversation_id: ConvId, tenant: Tenant, svc: Svc
+) -> ConversationInfo:
+    """Length, tokens, model and the summary records (no text)."""
+    request_log(request).conversation_id = conversation_id
+    info: ConversationInfo = await run_in_threadpool(
+        Conversations(svc).info, tenant, conversation_id
+    )
+    return info
+
+
+@router.delete("/v1/conversations/{conversation_id}", status_code=204, responses=_ERRORS)
+async def delete_conversation(
+    request: Request, conversation_id: ConvId, tenant: Tenant, svc: Svc
+) -> Response:
+    """Erase the conversation and its summaries (204 whether or not it existed)."""
+    request_log(request).conversation_id = conversation_id
+    await run_in_threadpool(Conversations(svc).delete, tenant, conversation_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/v1/conversations/{conversation_id}/prepare",
+    response_model=PrepareResponse,
+    responses=_CONV_ERRORS,
+)
+async def prepare_conversation(
+    request: Request,
+    conversation_id: ConvId,
+    body: PrepareStoredRequest,
+    tenant: Tenant,
+    svc: Svc,
+    background: BackgroundTasks,
+) -> Response:
+    """The messages to send now for a stored conversation (never calls an LLM)."""
+    rec = request_log(request)
+    rec.conversation_id = conversation_id
+    _limit(svc, tools=body.tools)
+    window = resolve_window(svc.settings, body.model, body.max_input_tokens)
+    content, claim = await Preparer(svc).stored(tenant, conversation_id, body, window, rec)
+    if claim is not None:
+        background.add_task(svc.trigger.send, claim)
+    return Response(content, media_type=JSON, background=background)
+
+
+@router.post("/v1/prepare", response_model=PrepareResponse, responses=_ERRORS)
+async def prepare_messages(
+    request: Request, body: PrepareRequest, tenant: Tenant, svc: Svc
+) -> Response:
+    """Stateless prepare of the given messages; answers `degraded` without Redis."""
+    rec = request_log(request)
+    _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
+    window = resolve_window(svc.settings, body.model, body.max_input_tokens)
+    content = await Preparer(svc).stateless(tenant, body, window, rec)
+    return Response(content, media_type=JSON)
+
+
+@router.post("/v1/observe", status_code=204, responses=_ERRORS)
+async def observe(request: Request, body: ObserveRequest, tenant: Tenant, svc: Svc) -> Response:
+    """Calibrate on the provider's own prompt-token count for what was sent."""
+    _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
+    await Preparer(svc).observe(body)
+    return Response(status_code=204)
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {"model": ErrorResponse}})
+async def readyz(svc: Svc) -> Response:
+    """Readiness: Redis and the broker answer."""
+    redis_ok = await run_in_threadpool(svc.store.ping)
+    broker_ok = await run_in_threadpool(_ping, svc)
+    body: dict[str, Any] = {"redis": redis_ok, "broker": broker_ok}
+    if redis_ok and broker_ok:
+        return Response(_dumps({"status": "ok", **body}), media_type=JSON)
+    down = " and ".join(n for n, ok in (("redis", redis_ok), ("broker", broker_ok)) if not ok)
+    error = {"type": "StoreUnavailable", "message": f"{down} unreachable"}
+    return Response(
+        _dumps({"error": error, **body}),
+        status_code=503,
+        media_type=JSON,
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+@router.get("/metrics")
+async def metrics(svc: Svc) -> Response:
+    """Prometheus metrics."""
+    content = await run_in_threadpool(svc.metrics.render)
+    return Response(content, media_type=CONTENT_TYPE_LATEST)
+
+
+def _ping(svc: Services) -> bool:
+    try:
+        return bool(svc.broker().ping())
+    except Exception:
+        return False
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()

@@ -1,0 +1,71 @@
+"""The process cache of conversations and of calibration ratios: bounded, never stale."""
+
+from __future__ import annotations
+
+import pytest
+
+from api.cache import ConversationCache
+from api.calibration import CachedRatios
+from shared.counters import MemoryRatios
+from shared.errors import NotFound, StoreUnavailable
+from shared.store import Store
+from shared.store.increments import Increments
+from tests.api.helpers import chat, conv_id, user
+
+
+def test_cache_reads_only_new_messages_and_reloads_replaced_ones(store: Store, tenant: str) -> None:
+    """A cached conversation is extended by what was appended, reloaded when replaced."""
+    cache = ConversationCache(Increments(store.client))
+    cid = conv_id()
+    store.conversations.append(tenant, cid, chat(2))
+    first, best = cache.load(tenant, cid)
+    assert first.messages == chat(2) and cache.load(tenant, cid)[0] is first and best is None
+    store.conversations.append(tenant, cid, [user("more")])
+    second, _ = cache.load(tenant, cid)
+    assert second.messages == [*chat(2), user("more")] and second.messages[0] is first.messages[0]
+    assert second.hashes == store.conversations.hashes(tenant, cid)
+    store.conversations.replace(
+        tenant, cid, [user("other"), user("x"), user("y"), user("z"), user("w"), user("v")]
+    )
+    assert cache.load(tenant, cid)[0].messages[0] == user("other")
+    store.conversations.delete(tenant, cid)
+    with pytest.raises(NotFound):
+        cache.load(tenant, cid)
+
+
+def test_cache_is_bounded_by_bytes(store: Store, tenant: str) -> None:
+    """Entries beyond the byte budget are evicted, least recently used first."""
+    cache = ConversationCache(Increments(store.client), max_chars=20_000)
+    ids = [conv_id() for _ in range(5)]
+    for cid in ids:
+        store.conversations.append(tenant, cid, chat(4, size=1000))
+        cache.load(tenant, cid)
+    assert cache._chars <= 20_000 and ids[-1] in {c for _, c in cache._entries}
+    assert ids[0] not in {c for _, c in cache._entries}
+
+
+class Flaky(MemoryRatios):
+    down = False
+
+    def get(self, model: str) -> float | None:
+        if self.down:
+            raise StoreUnavailable("down")
+        return super().get(model)
+
+
+def test_ratios_are_read_once_per_ttl_and_remembered_for_degraded_answers() -> None:
+    """Reads are cached for the TTL; with the store down the last ratio is still known."""
+    now = [0.0]
+    inner = Flaky()
+    inner.update("m", 2.0, 1.0, (0.5, 3.0))
+    ratios = CachedRatios(inner, ttl=1.0, clock=lambda: now[0])
+    assert ratios.get("m") == 2.0 and ratios.fresh("m")
+    inner.update("m", 1.0, 1.0, (0.5, 3.0))
+    assert ratios.get("m") == 2.0  # cached
+    now[0] = 1.5
+    assert ratios.get("m") == 1.0
+    inner.down = True
+    now[0] = 3.0
+    with pytest.raises(StoreUnavailable):
+        ratios.get("m")
+    assert ratios.last_known("m") == 1.0
