@@ -274,6 +274,8 @@ class ContextPolicy:
         report: dict[str, Any],
     ) -> Prepared | None:
         """[head][summary][rest] from the book's best record, if that is under the trigger."""
+        if book is None or not book.records:
+            return None
         built, record = self._with_best(messages, book, hashes)
         if record is None:
             return None
