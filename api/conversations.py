@@ -231,16 +231,8 @@ class Conversations:
         state = policy.state(effective, window.model)
         claim = None
         if state != "under":
-            job = SummaryJob(
-                tenant,
-                conv_id,
-                window.model,
-                window.max_input_tokens,
-                window.reserve_output,
-                length,
-                last_hash,
-                extra_tokens=self.base.count_tools(tools, window.model),
-            )
+            extra = self.base.count_tools(tools, window.model)
+            job = window.job(tenant, conv_id, length, last_hash, extra)
             claim = self._claim(job, best, size_step(effective, policy.budget(window.model)))
         return Sizes(length, tokens, effective, state, best, claim)
 

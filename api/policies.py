@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 from shared.counters import TokenCounter
 from shared.errors import ConfigError, UnknownModel
-from shared.policy import ContextPolicy
+from shared.jobs import SummaryJob
+from shared.policy import ContextPolicy, service_policy
 from shared.settings import Settings
 
 
@@ -22,6 +23,21 @@ class Window:
     model: str
     max_input_tokens: int
     reserve_output: int
+
+    def job(
+        self, tenant: str, conv_id: str, length: int, last_hash: str, extra_tokens: int
+    ) -> SummaryJob:
+        """The summary job for a conversation of `length` messages measured in this window."""
+        return SummaryJob(
+            tenant,
+            conv_id,
+            self.model,
+            self.max_input_tokens,
+            self.reserve_output,
+            length,
+            last_hash,
+            extra_tokens=extra_tokens,
+        )
 
 
 def resolve_window(settings: Settings, model: str, max_input_tokens: int | None) -> Window:
@@ -52,16 +68,4 @@ def make_policy(
     counter: TokenCounter,
 ) -> ContextPolicy:
     """The API's policy for one request: settings' thresholds, no summarizer."""
-    return ContextPolicy(
-        window.max_input_tokens,
-        reserve_output=window.reserve_output,
-        trigger=settings.trigger,
-        target=settings.target,
-        keep_recent=settings.keep_recent,
-        counter=counter,
-        summarizer=None,
-        precompute_at=settings.precompute_at,
-        keep_tokens_ratio=settings.keep_tokens_ratio,
-        chunk_tokens=settings.chunk_tokens,
-        max_summary_tokens=settings.max_summary_tokens,
-    )
+    return service_policy(settings, window.max_input_tokens, window.reserve_output, counter)

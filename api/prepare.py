@@ -27,7 +27,6 @@ from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
 from shared.calibration import ScaledCounter
 from shared.errors import StoreUnavailable
 from shared.hashing import prefix_hashes
-from shared.jobs import SummaryJob
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec, validate
 from shared.policy import ContextPolicy, Prepared
@@ -164,16 +163,7 @@ class Preparer:
         step: int,
     ) -> Claim | None:
         """Claim the due summary's job at high priority (None: claimed already, or no Redis)."""
-        job = SummaryJob(
-            tenant,
-            conv_id,
-            window.model,
-            window.max_input_tokens,
-            window.reserve_output,
-            loaded.length,
-            loaded.hashes[-1],
-            extra_tokens=extra_tokens,
-        )
+        job = window.job(tenant, conv_id, loaded.length, loaded.hashes[-1], extra_tokens)
         try:
             claim: Claim | None = await run_in_threadpool(
                 partial(self.svc.trigger.claim, job, "stale", best, step=step)

@@ -12,6 +12,7 @@ from shared.errors import ConfigError, DoesNotFit, UnknownModel
 from shared.hashing import prefix_hash
 from shared.llm import LLMClient
 from shared.messages import Message, ToolSpec, groups, head_end
+from shared.settings import Settings
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -426,3 +427,25 @@ def _as_summarizer(
     if hasattr(summarizer, "summarize"):
         return summarizer  # type: ignore[return-value]
     return LLMSummarizer(summarizer, model)
+
+
+def service_policy(
+    settings: Settings, max_input_tokens: int, reserve_output: int, counter: TokenCounter
+) -> ContextPolicy:
+    """The service's policy for one window: the settings' thresholds and no summarizer.
+
+    The API (which must never wait on a model) and the workers (which plan what the API
+    will need) build it the same way, so both measure the same effective tokens.
+    """
+    return ContextPolicy(
+        max_input_tokens,
+        reserve_output=reserve_output,
+        trigger=settings.trigger,
+        target=settings.target,
+        keep_recent=settings.keep_recent,
+        counter=counter,
+        precompute_at=settings.precompute_at,
+        keep_tokens_ratio=settings.keep_tokens_ratio,
+        chunk_tokens=settings.chunk_tokens,
+        max_summary_tokens=settings.max_summary_tokens,
+    )

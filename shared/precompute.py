@@ -25,7 +25,7 @@ from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
 from shared.errors import LeaseLost, NotFound
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
-from shared.policy import ContextPolicy, SummaryPlan
+from shared.policy import ContextPolicy, SummaryPlan, service_policy
 from shared.settings import Settings
 from shared.store import HeldLease, Store
 from shared.store.conversations import Conversation, ConversationMeta
@@ -86,18 +86,7 @@ def counter_for(store: Store, model: str | None) -> TokenCounter:
 
 def policy_for(job: SummaryJob, settings: Settings, counter: TokenCounter) -> ContextPolicy:
     """The policy the API used to enqueue `job`: the job's window, the settings' thresholds."""
-    return ContextPolicy(
-        job.max_input_tokens,
-        reserve_output=job.reserve_output,
-        trigger=settings.trigger,
-        target=settings.target,
-        keep_recent=settings.keep_recent,
-        counter=counter,
-        precompute_at=settings.precompute_at,
-        chunk_tokens=settings.chunk_tokens,
-        max_summary_tokens=settings.max_summary_tokens,
-        keep_tokens_ratio=settings.keep_tokens_ratio,
-    )
+    return service_policy(settings, job.max_input_tokens, job.reserve_output, counter)
 
 
 async def run_job(
