@@ -30,7 +30,8 @@ from shared.errors import (
 from shared.hashing import prefix_hash, prefix_hashes
 from shared.llm import Completion, LLMClient
 from shared.messages import Message, ToolSpec, groups, validate
-from shared.policy import ContextPolicy, Prepared, SummaryPlan
+from shared.planning import SummaryPlan
+from shared.policy import ContextPolicy, Prepared
 from shared.strategies import (
     ClearToolResults,
     DropOldest,

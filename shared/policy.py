@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
-from shared.errors import ConfigError, DoesNotFit, UnknownModel
-from shared.hashing import prefix_hash
+from shared.errors import ConfigError, UnknownModel
 from shared.llm import LLMClient
 from shared.messages import Message, ToolSpec, groups, head_end
-from shared.settings import Settings
+from shared.planning import SummaryPlan, plan_summary
+from shared.reports import does_not_fit, new_report, outcome
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -24,7 +24,7 @@ from shared.strategies import (
 )
 from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarize import plan_cut, summary_message
+from shared.summarize import summary_message
 from shared.summarizers import LLMSummarizer, Summarizer
 from shared.validation import ValidatedPrefixes
 
@@ -40,16 +40,6 @@ class Prepared:
     new_summaries: list[SummaryRecord] = field(default_factory=list)
     tokens_spent: int = 0
     cost: float = 0.0
-
-
-@dataclass(frozen=True)
-class SummaryPlan:
-    """The record a worker should write now: transcript[start:cut], folding `previous`."""
-
-    start: int
-    cut: int
-    previous: SummaryRecord | None
-    prefix_hash: str
 
 
 class ContextPolicy:
@@ -162,9 +152,9 @@ class ContextPolicy:
         book: SummaryBook | None = None,
     ) -> int:
         """Tokens of the prompt built from the best record of `book`, before any other cut."""
-        return self.counter.count(self._with_best(transcript, book)[0], tools, model)
+        return self.counter.count(self.with_best(transcript, book)[0], tools, model)
 
-    def _with_best(
+    def with_best(
         self,
         transcript: Sequence[Message],
         book: SummaryBook | None,
@@ -204,7 +194,7 @@ class ContextPolicy:
         sizes = SizeMemo()
         raw = measure(self._counter(model), messages, tools, model, sizes)
         before = math.ceil(raw / pressure)
-        report = self._report(limits, before, pressure)
+        report = new_report(limits, self.trigger, before, pressure)
         if before <= self.trigger * limits.budget:
             report.update(tokens_after=before, changed=False)
             return Prepared(messages, report)
@@ -224,8 +214,8 @@ class ContextPolicy:
         )
         after = work.tokens()
         if after > limits.budget:
-            raise self._does_not_fit(work, after)
-        report.update(self._outcome(work, after))
+            raise does_not_fit(work, after)
+        report.update(outcome(work, after))
         return Prepared(work.messages, report, work.new_summaries, work.tokens_spent, work.cost)
 
     async def cut(
@@ -277,7 +267,7 @@ class ContextPolicy:
         """[head][summary][rest] from the book's best record, if that is under the trigger."""
         if book is None or not book.records:
             return None
-        built, record = self._with_best(messages, book, hashes)
+        built, record = self.with_best(messages, book, hashes)
         if record is None:
             return None
         pressure = report["pressure"]
@@ -314,27 +304,8 @@ class ContextPolicy:
         (trigger - precompute_at) x budget: the cut then moves in steps, and the
         [head][summary] prefix stays byte-stable between them.
         """
-        budget = self.budget(model)
-        built, record = self._with_best(transcript, book)
-        tokens = self.counter.count(built, tools, model) + extra_tokens
-        if self.state(tokens, model) == "under":
-            return None
-        head, tail = self.regions(transcript)
-        growth = max(0, int(self.trigger * budget) - tokens)
-        keep = max(0, int(self.summarize_params.keep_tokens_ratio * budget) - growth)
-        start = record.upto if record is not None else head
-        cut = plan_cut(
-            transcript,
-            start=start,
-            tail_start=tail,
-            counter=self.counter,
-            model=model,
-            keep_tokens=keep,
-        )
-        if cut <= start:
-            return None
-        return SummaryPlan(
-            start=head, cut=cut, previous=record, prefix_hash=prefix_hash(transcript[:cut])
+        return plan_summary(
+            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens
         )
 
     # --- helpers ----------------------------------------------------------------------------
@@ -369,55 +340,6 @@ class ContextPolicy:
             return self.counter.scaled(model)
         return self.counter
 
-    def _report(self, limits: Limits, before: int, pressure: float) -> dict[str, Any]:
-        return {
-            "tokens_before": before,
-            "tokens_after": before,
-            "budget": limits.budget,
-            "trigger_tokens": int(self.trigger * limits.budget),
-            "target_tokens": limits.target,
-            "pressure": pressure,
-            "applied": [],
-            "summary": None,
-            "dropped_groups": 0,
-            "dropped_messages": 0,
-            "stale": False,
-            "changed": False,
-        }
-
-    @staticmethod
-    def _outcome(work: Work, after: int) -> dict[str, Any]:
-        summary = work.summary
-        return {
-            "tokens_after": after,
-            "applied": work.applied,
-            "summary": None
-            if summary is None
-            else {
-                "upto": summary.upto,
-                "prefix_hash": summary.prefix_hash,
-                "summarizer": summary.summarizer,
-            },
-            "dropped_groups": work.dropped_groups,
-            "dropped_messages": work.dropped_messages,
-            "stale": work.stale,
-            "changed": bool(work.applied),
-        }
-
-    def _does_not_fit(self, work: Work, after: int) -> DoesNotFit:
-        count = work.counter.count
-        head = count(work.transcript[: work.head_end], (), work.model)
-        kept = zip(work.messages, work.origin, strict=True)
-        tail = count([m for m, o in kept if o >= work.tail_start], (), work.model)
-        tools = work.counter.count_tools(work.tools, work.model)
-        return DoesNotFit(
-            tokens=after,
-            budget=work.limits.budget,
-            head_tokens=head,
-            tail_tokens=tail,
-            tools_tokens=tools,
-        )
-
 
 def _as_summarizer(
     summarizer: LLMClient | Summarizer | None, model: str | None
@@ -427,25 +349,3 @@ def _as_summarizer(
     if hasattr(summarizer, "summarize"):
         return summarizer  # type: ignore[return-value]
     return LLMSummarizer(summarizer, model)
-
-
-def service_policy(
-    settings: Settings, max_input_tokens: int, reserve_output: int, counter: TokenCounter
-) -> ContextPolicy:
-    """The service's policy for one window: the settings' thresholds and no summarizer.
-
-    The API (which must never wait on a model) and the workers (which plan what the API
-    will need) build it the same way, so both measure the same effective tokens.
-    """
-    return ContextPolicy(
-        max_input_tokens,
-        reserve_output=reserve_output,
-        trigger=settings.trigger,
-        target=settings.target,
-        keep_recent=settings.keep_recent,
-        counter=counter,
-        precompute_at=settings.precompute_at,
-        keep_tokens_ratio=settings.keep_tokens_ratio,
-        chunk_tokens=settings.chunk_tokens,
-        max_summary_tokens=settings.max_summary_tokens,
-    )

@@ -25,13 +25,15 @@ from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
 from shared.errors import LeaseLost, NotFound
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
-from shared.policy import ContextPolicy, SummaryPlan, service_policy
+from shared.planning import SummaryPlan
+from shared.policy import ContextPolicy
 from shared.settings import Settings
 from shared.store import HeldLease, Store
 from shared.store.conversations import Conversation, ConversationMeta
 from shared.summaries import SummaryBook
 from shared.summarize import Built, build_record
 from shared.summarizers import Summarizer
+from shared.windows import service_policy
 
 Status = Literal["written", "not_due", "busy", "stale_job", "exists"]
 

@@ -1,0 +1,29 @@
+"""The service's policy for one model window, built the same way by the API and the workers."""
+
+from __future__ import annotations
+
+from shared.counters import TokenCounter
+from shared.policy import ContextPolicy
+from shared.settings import Settings
+
+
+def service_policy(
+    settings: Settings, max_input_tokens: int, reserve_output: int, counter: TokenCounter
+) -> ContextPolicy:
+    """The settings' thresholds for one window, and no summarizer.
+
+    The API (which must never wait on a model) and the workers (which plan what the API
+    will need) must measure the same effective tokens, so neither builds its own.
+    """
+    return ContextPolicy(
+        max_input_tokens,
+        reserve_output=reserve_output,
+        trigger=settings.trigger,
+        target=settings.target,
+        keep_recent=settings.keep_recent,
+        counter=counter,
+        precompute_at=settings.precompute_at,
+        keep_tokens_ratio=settings.keep_tokens_ratio,
+        chunk_tokens=settings.chunk_tokens,
+        max_summary_tokens=settings.max_summary_tokens,
+    )
