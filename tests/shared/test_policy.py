@@ -14,7 +14,7 @@ from shared.counters import HeuristicCounter
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
 from shared.hashing import prefix_hashes
 from shared.llm import Completion
-from shared.messages import Message
+from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.strategies import DropOldest, Summarize
 from shared.summaries import SummaryBook, SummaryRecord
@@ -311,3 +311,30 @@ def test_wrong_number_of_hashes_is_refused() -> None:
     """Caller-supplied prefix hashes must match the transcript."""
     with pytest.raises(ConfigError, match="prefix hashes"):
         run(ContextPolicy(2000, reserve_output=100).prepare(chat(20), hashes=["v1:x"]))
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transcripts(max_groups=30), st.integers(0, 10_000), st.booleans())
+def test_a_record_is_used_only_for_its_own_prefix(
+    msgs: list[Message], seed: int, matches: bool
+) -> None:
+    """A record whose prefix differs by content from the transcript's is never served."""
+    policy = ContextPolicy(
+        2000 + 1024, counter=COUNTER, reserve_output=1024, strategies=[Summarize(), DropOldest()]
+    )
+    head, tail = policy.regions(msgs)
+    cuts = [a for a, _ in groups(msgs, head) if head < a <= tail]
+    if not cuts:
+        return
+    upto = cuts[seed % len(cuts)]
+    other = [*msgs[: upto - 1], {**msgs[upto - 1], "extra": "differs"}]
+    source = msgs if matches else other
+    record = SummaryRecord(upto, prefix_hashes(source[:upto])[-1], "STORED")
+    try:
+        out = run(policy.prepare(msgs, book=SummaryBook([record])))
+    except DoesNotFit:
+        return
+    used = any("STORED" in str(m.get("content")) for m in out.messages)
+    assert used == (out.report["summary"] is not None)
+    if not matches:
+        assert not used
