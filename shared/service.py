@@ -132,8 +132,9 @@ def worker_argv(settings: Settings, concurrency: int | None = None) -> list[str]
 
 
 def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
-    """The uvicorn command line of the API."""
+    """The uvicorn command line of the API (the API logs one line per request itself)."""
     argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port)]
+    argv.append("--no-access-log")
     return argv + (["--workers", str(workers)] if workers > 1 else [])
 
 

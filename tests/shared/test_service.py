@@ -53,6 +53,7 @@ def test_command_lines_follow_the_settings() -> None:
         "0.0.0.0",
         "--port",
         "9001",
+        "--no-access-log",
     ]
     assert api_argv("h", 1, 3)[-2:] == ["--workers", "3"]
 
