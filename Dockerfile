@@ -44,4 +44,4 @@ RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin
 USER prefit:prefit
 
 EXPOSE 8000
-CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000"]
+CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log"]
