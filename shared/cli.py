@@ -142,7 +142,7 @@ def _first_key(api_keys: str) -> str | None:
 
 
 def _inspect(argv: list[str]) -> int:
-    # Hook for `prefit inspect` (shared/inspect.py, the lead's): imported lazily so the other
+    # Hook for `prefit inspect`: imported lazily so the other
     # commands never pay for its imports, and it parses its own options.
     module = importlib.import_module("shared.inspect")
     return int(module.main(argv))
