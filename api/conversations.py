@@ -18,7 +18,7 @@ from api.enqueue import Claim, size_step
 from api.payloads import incoming, incoming_tools, validate_appended
 from api.policies import Window, make_policy
 from api.schemas import AppendRequest, ConversationInfo, ReplaceRequest, SummaryInfo
-from api.views import context_start, read_view, tail_start
+from api.views import View, context_start, read_view, tail_start
 from shared.calibration import ScaledCounter, scale
 from shared.errors import InvalidTranscript, LengthMismatch, NotFound, StoreUnavailable
 from shared.jobs import SummaryJob
@@ -56,17 +56,21 @@ class Conversations:
         self.svc = svc
         self.base = svc.base
 
+    def _view(self, tenant: str, conv_id: str) -> View:
+        """The conversation's tip and token total, as `read_view` reads it for this service."""
+        return read_view(
+            self.svc.tally,
+            tenant,
+            conv_id,
+            counter=self.base,
+            counter_id=self.svc.counter_id,
+            keep_recent=self.svc.settings.keep_recent,
+        )
+
     # --- writes --------------------------------------------------------------------------
     def append(self, tenant: str, conv_id: str, req: AppendRequest, window: Window) -> Sizes:
         for _ in range(RACE_ATTEMPTS):
-            view = read_view(
-                self.svc.tally,
-                tenant,
-                conv_id,
-                counter=self.base,
-                counter_id=self.svc.counter_id,
-                keep_recent=self.svc.settings.keep_recent,
-            )
+            view = self._view(tenant, conv_id)
             if req.expected_length is not None and view.length != req.expected_length:
                 raise LengthMismatch(req.expected_length, view.length)
             if req.system is not None and view.length:
@@ -172,14 +176,7 @@ class Conversations:
 
     # --- reads ---------------------------------------------------------------------------
     def info(self, tenant: str, conv_id: str) -> ConversationInfo:
-        view = read_view(
-            self.svc.tally,
-            tenant,
-            conv_id,
-            counter=self.base,
-            counter_id=self.svc.counter_id,
-            keep_recent=self.svc.settings.keep_recent,
-        )
+        view = self._view(tenant, conv_id)
         if not view.exists:
             raise NotFound(f"conversation {conv_id!r} not found")
         records = self.svc.store.records.list(tenant, conv_id)

@@ -8,6 +8,7 @@ event loop (health checks keep answering).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Path, Request, Response
@@ -19,7 +20,7 @@ from api.deps import Services, get_services, get_tenant
 from api.errors import RETRY_AFTER_S
 from api.limits import check_sizes
 from api.logging import RequestLog, request_log
-from api.policies import resolve_window
+from api.policies import Window, resolve_window
 from api.prepare import Preparer
 from api.schemas import (
     CONVERSATION_ID,
@@ -80,15 +81,8 @@ async def append_messages(
     background: BackgroundTasks,
 ) -> ConversationState:
     """Append turn(s); 409 unless `expected_length` (if given) is the stored length."""
-    rec = request_log(request)
-    rec.conversation_id = conversation_id
-    _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
-    window = resolve_window(svc.settings, body.model, body.max_input_tokens)
-    sizes = await run_in_threadpool(
-        Conversations(svc).append, tenant, conversation_id, body, window
-    )
-    _after(rec, sizes, background, svc)
-    return _state(conversation_id, sizes)
+    write = Conversations(svc).append
+    return await _write(request, conversation_id, body, tenant, svc, background, write)
 
 
 @router.put("/v1/conversations/{conversation_id}", responses=_ERRORS)
@@ -101,13 +95,25 @@ async def replace_conversation(
     background: BackgroundTasks,
 ) -> ConversationState:
     """Replace the whole conversation (edits, regenerations); creates it if absent."""
+    write = Conversations(svc).replace
+    return await _write(request, conversation_id, body, tenant, svc, background, write)
+
+
+async def _write(
+    request: Request,
+    conversation_id: str,
+    body: AppendRequest | ReplaceRequest,
+    tenant: str,
+    svc: Services,
+    background: BackgroundTasks,
+    write: Callable[[str, str, Any, Window], Sizes],
+) -> ConversationState:
+    """An append or a replace: limits, window, the store write, then the summary trigger."""
     rec = request_log(request)
     rec.conversation_id = conversation_id
     _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
     window = resolve_window(svc.settings, body.model, body.max_input_tokens)
-    sizes = await run_in_threadpool(
-        Conversations(svc).replace, tenant, conversation_id, body, window
-    )
+    sizes = await run_in_threadpool(write, tenant, conversation_id, body, window)
     _after(rec, sizes, background, svc)
     return _state(conversation_id, sizes)
 

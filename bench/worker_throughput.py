@@ -29,6 +29,7 @@ from shared.hashing import prefix_hash
 from shared.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
 from shared.messages import Message
 from shared.redisproc import RedisProcess, free_port
+from shared.service import worker_argv
 from shared.settings import Settings
 from shared.store import Store
 from worker.app import make_app
@@ -110,24 +111,10 @@ def start_worker(
         "PREFIT_LOG_LEVEL": log_level,
         "PREFIT_LOG_JSON": "true",
     }
+    # the production command line (`prefit worker`), named and quiet for the benchmark
     cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "worker.app",
-        "worker",
-        "-P",
-        "threads",
-        "-c",
-        str(concurrency),
-        "-l",
-        "WARNING",
-        "-n",
-        f"bench-{uuid.uuid4().hex[:6]}@%h",
-        "--without-heartbeat",
-        "--without-mingle",
-        "--without-gossip",
+        *worker_argv(settings, concurrency),
+        *("-l", "WARNING", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat"),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from shared.service import worker_argv
 from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryRecord
@@ -43,24 +43,10 @@ def start_worker_process(settings: Settings, name: str, log: Path) -> subprocess
         "PREFIT_WORKER_CONCURRENCY": "4",
         "PREFIT_LOG_JSON": "true",
     }
+    # the production command line (`prefit worker`), so the fault test exercises it
     cmd = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "worker.app",
-        "worker",
-        "-P",
-        "threads",
-        "-c",
-        "4",
-        "-n",
-        f"{name}-{uuid.uuid4().hex[:6]}@%h",
-        "-l",
-        "INFO",
-        "--without-heartbeat",
-        "--without-mingle",
-        "--without-gossip",
+        *worker_argv(settings, 4),
+        *("-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO", "--without-heartbeat"),
     ]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
