@@ -5,6 +5,13 @@ token counter object (with its content-keyed cache) and the same budget. langcha
 its own message classes, so its token counter converts each message back to an OpenAI dict
 first: that conversion is part of what using it costs.
 
+Counting a message for the first time is a cost any method pays once, and with one shared
+counter whoever runs first would pay it for both. So every message of the session is counted
+once before anything is timed, and each method replays the session in a pass of its own, as
+`timeit` would run it (garbage collector paused during each call). Two more runs show what
+this leaves out: the two taking turns on every turn, each evicting the other's data from the
+CPU caches; and prefit with a counter of its own that counts each new message in the call.
+
     uv run python -m bench.prepare_vs_trim [--window 128000] [--every 5]
 """
 
@@ -12,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -21,47 +29,36 @@ from typing import Any
 from langchain_core.messages import BaseMessage, convert_to_openai_messages, trim_messages
 
 from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
-from shared.messages import Message, groups, head_end
+from shared.messages import Message, groups
 from shared.policy import ContextPolicy
-from tests.conftest import TIKTOKEN_DIR, load_transcript, transcript_files
+from tests.conftest import TIKTOKEN_DIR, long_session
 
 SIZES = (250, 500, 750, 1000)
 
 
-def long_session(target: int = 1000) -> list[Message]:
-    """One long agent session: the real coding-agent transcripts, one task after another."""
-    files = sorted(
-        (p for p in transcript_files() if p.name.startswith("mswea")), key=lambda p: p.name
-    )
-    out: list[Message] = []
-    for path in files:
-        msgs = load_transcript(path)["messages"]
-        out.extend(msgs if not out else msgs[head_end(msgs, keep_first_user=False) :])
-        if len(out) >= target:
-            break
-    cut = max(b for _, b in groups(out) if b <= target)
-    return out[:cut]
-
-
 def _time(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1000
+    """ms one call takes, with the garbage collector paused as `timeit` does: a collection
+    due to one contender's garbage would otherwise land in whichever call runs next."""
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1000
+    finally:
+        gc.enable()
 
 
 def replay(
-    msgs: list[Message], counter: TokenCounter, window: int, every: int
+    msgs: list[Message], make: Callable[[], TokenCounter], window: int, every: int
 ) -> dict[str, list[tuple[int, float]]]:
-    """ms per call for both, at every `every`-th turn boundary."""
-    policy = ContextPolicy(window, counter=counter)
-    budget = policy.budget(None)
+    """ms per call at every `every`-th turn boundary, for each way of running (see main)."""
+    counter = make()
+    counter.count(msgs)  # every message counted once, ahead: see the module's docstring
+    budget = ContextPolicy(window).budget(None)
 
     def lc_count(batch: list[BaseMessage]) -> int:
         return sum(counter.count_message(m) for m in convert_to_openai_messages(batch))
 
-    out: dict[str, list[tuple[int, float]]] = {"prefit": [], "trim_messages": []}
-    loop = asyncio.new_event_loop()
-    ends = [b for _, b in groups(msgs)][::every]
     trim = partial(
         trim_messages,
         max_tokens=budget,
@@ -70,12 +67,29 @@ def replay(
         include_system=True,
         start_on="human",
     )
-    for end in ends:
-        turn = msgs[:end]
-        out["prefit"].append((end, _time(partial(loop.run_until_complete, policy.prepare(turn)))))
-        out["trim_messages"].append((end, _time(partial(trim, turn))))
+    loop = asyncio.new_event_loop()
+
+    def ours(policy: ContextPolicy) -> Callable[[list[Message]], Any]:
+        return lambda turn: loop.run_until_complete(policy.prepare(turn))
+
+    turns = [msgs[:b] for _, b in groups(msgs)][::every]
+    out = {
+        "prefit": _pass(turns, ours(ContextPolicy(window, counter=counter))),
+        "trim_messages": _pass(turns, trim),
+        "cold": _pass(turns, ours(ContextPolicy(window, counter=make()))),
+    }
+    both = _pass(turns, ours(ContextPolicy(window, counter=counter)), trim)
+    out["prefit, alternating"] = both[::2]
+    out["trim_messages, alternating"] = both[1::2]
     loop.close()
     return out
+
+
+def _pass(
+    turns: list[list[Message]], *calls: Callable[[list[Message]], Any]
+) -> list[tuple[int, float]]:
+    """(messages, ms) of each call on each turn, the calls taking turns."""
+    return [(len(turn), _time(partial(call, turn))) for turn in turns for call in calls]
 
 
 def _at(points: list[tuple[int, float]], size: int) -> float:
@@ -93,12 +107,28 @@ def main() -> None:
     if (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
         counters["tiktoken"] = lambda: TiktokenCounter(directory=TIKTOKEN_DIR)
     print(f"session: {len(session)} messages from real transcripts; window {args.window}")
+    results = {
+        name: replay(session, make, args.window, args.every) for name, make in counters.items()
+    }
     print("| counter | messages | prefit ms/call | trim_messages ms/call | speed-up |")
     print("|---|---:|---:|---:|---:|")
-    for name, make in counters.items():
-        result = replay(session, make(), args.window, args.every)
+    _table(results, "prefit", "trim_messages")
+    print("\nTaking turns on each turn (each call finds the other's data in the CPU caches):\n")
+    print("| counter | messages | prefit ms/call | trim_messages ms/call | speed-up |")
+    print("|---|---:|---:|---:|---:|")
+    _table(results, "prefit, alternating", "trim_messages, alternating")
+    print("\nprefit with a counter of its own, new messages first counted in the call:\n")
+    print("| counter | messages | prefit ms/call |")
+    print("|---|---:|---:|")
+    for name, result in results.items():
         for size in SIZES:
-            ours, theirs = _at(result["prefit"], size), _at(result["trim_messages"], size)
+            print(f"| {name} | {size} | {_at(result['cold'], size):.2f} |")
+
+
+def _table(results: dict[str, dict[str, list[tuple[int, float]]]], a: str, b: str) -> None:
+    for name, result in results.items():
+        for size in SIZES:
+            ours, theirs = _at(result[a], size), _at(result[b], size)
             print(f"| {name} | {size} | {ours:.2f} | {theirs:.2f} | {theirs / ours:.0f}x |")
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal
 
 from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.cut import Shortcut, can_decide, default_steps
 from shared.errors import ConfigError, UnknownModel
+from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
 from shared.messages import Message, ToolSpec, groups, head_end
 from shared.planning import SummaryPlan, plan_summary
@@ -83,7 +86,7 @@ class ContextPolicy:
         self.keep_recent = keep_recent
         self.keep_first_user = keep_first_user
         self.precompute_at = precompute_at
-        self._validated = ValidatedPrefixes()
+        self._validated: ValidatedPrefixes[Ledger] = ValidatedPrefixes()
         self.counter: TokenCounter = counter or CalibratedCounter(HeuristicCounter())
         self.summarizer = _as_summarizer(summarizer, summarizer_model)
         default_summarize = Summarize(
@@ -189,11 +192,17 @@ class ContextPolicy:
         """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
-        messages = self._validated.validate(transcript)
+        steps = default_steps(self.strategies, self.counter)
+        grower = partial(grow, steps) if steps is not None else None
+        messages, ledger = self._validated.validate_with(transcript, grower)
         limits = self.limits(model)
+        counter = self._counter(model)
         sizes = SizeMemo()
-        raw = measure(self._counter(model), messages, tools, model, sizes)
-        before = math.ceil(raw / pressure)
+        short = Shortcut.of(steps, ledger, counter, tools, pressure)
+        if short is not None:
+            before = short.tokens(len(messages))
+        else:
+            before = math.ceil(measure(counter, messages, tools, model, sizes) / pressure)
         report = new_report(limits, self.trigger, before, pressure)
         if before <= self.trigger * limits.budget:
             report.update(tokens_after=before, changed=False)
@@ -203,6 +212,12 @@ class ContextPolicy:
         served = self._from_book(messages, tools, model, book, hashes, sizes, report)
         if served is not None:
             return served
+        if short is not None and self._no_summary_due(book):
+            head = head_end(messages, keep_first_user=self.keep_first_user)
+            book_given = book is not None
+            kept = short.cut(messages, head, self.keep_recent, self.strategies, book_given, report)
+            if kept is not None:
+                return Prepared(kept, report)
         work = await self.cut(
             messages,
             tools=tools,
@@ -284,6 +299,10 @@ class ContextPolicy:
             changed=True,
         )
         return Prepared(built, report)
+
+    def _no_summary_due(self, book: SummaryBook | None) -> bool:
+        """Whether no summary step can act (no record to install, no model to call)."""
+        return (book is None or not book.records) and can_decide(self.strategies, self.summarizer)
 
     # --- ahead of time ----------------------------------------------------------------------
     def plan_summary(

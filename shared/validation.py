@@ -11,48 +11,94 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from shared.countcache import private_copy
 from shared.messagekeys import message_key
 from shared.messages import Message, validate, validate_from
 
-_Entry = tuple[list[Any], set[str] | None]  # (private copies, open tool-call ids after them)
+_T = TypeVar("_T")
 
 
-class ValidatedPrefixes:
-    """Validate transcripts, re-checking only what is new since the same conversation's last."""
+@dataclass(slots=True)
+class _Entry(Generic[_T]):
+    """One conversation's last checked transcript; read and grown only under the memo's lock."""
+
+    copies: list[Any]  # private copies of the transcript checked last
+    pending: set[str] | None  # open tool-call ids after them
+    state: _T | None  # what the caller derived from exactly these messages
+
+
+class ValidatedPrefixes(Generic[_T]):
+    """Validate transcripts, re-checking only what is new since the same conversation's last.
+
+    `validate_with` also keeps a caller's state per conversation (a `Ledger`), grown under
+    the same lock from messages that have just been matched or checked, so the state always
+    describes messages equal, by content, to the transcript it is returned with.
+    """
 
     def __init__(self, max_conversations: int = 64, max_messages: int = 20_000) -> None:
         self.max_conversations = max_conversations
         self.max_messages = max_messages
-        self._memo: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._memo: OrderedDict[Hashable, _Entry[_T]] = OrderedDict()
         self._lock = threading.Lock()
 
     def validate(self, transcript: Any) -> list[Message]:
         """Like `messages.validate`, and as strict: same result, same errors."""
+        return self.validate_with(transcript, None)[0]
+
+    def validate_with(
+        self, transcript: Any, grow: Callable[[_T | None, list[Message]], _T] | None
+    ) -> tuple[list[Message], _T | None]:
+        """`validate(transcript)`, and the conversation's state grown to it by `grow`.
+
+        The state is None when the transcript is not remembered (not a list, too long).
+        """
         msgs = validate(transcript[:2]) if isinstance(transcript, list | tuple) else None
         if msgs is None or type(transcript) is not list or not transcript:
-            return validate(transcript)
+            return validate(transcript), None
         key = _key(transcript)
         if key is None:
-            return validate(transcript)
+            return validate(transcript), None
         with self._lock:
-            entry = self._memo.get(key)
-        copies, pending = entry if entry is not None else ([], None)
-        k = len(copies)
-        if not (k and len(transcript) >= k and transcript[:k] == copies):
-            k, copies, pending = 0, [], None
-        pending = validate_from(transcript, k, pending)
-        if len(transcript) <= self.max_messages and len(transcript) > k:
-            grown = copies + [private_copy(m) for m in transcript[k:]]
-            with self._lock:
-                self._memo[key] = (grown, pending)
-                self._memo.move_to_end(key)
-                while len(self._memo) > self.max_conversations:
-                    self._memo.popitem(last=False)
-        return transcript
+            return transcript, self._check(key, transcript, grow)
+
+    def _check(
+        self,
+        key: Hashable,
+        transcript: list[Message],
+        grow: Callable[[_T | None, list[Message]], _T] | None,
+    ) -> _T | None:
+        entry = self._memo.get(key)
+        if entry is not None and not _extends(transcript, entry.copies):
+            entry = None
+        k = len(entry.copies) if entry is not None else 0
+        pending = validate_from(transcript, k, entry.pending if entry is not None else None)
+        if len(transcript) > self.max_messages:
+            return None
+        if entry is None:
+            entry = self._memo[key] = _Entry([], None, None)
+        try:
+            entry.state = grow(entry.state, transcript) if grow is not None else entry.state
+        except BaseException:
+            del self._memo[key]  # the state may be half grown: never use it again
+            raise
+        entry.copies += [private_copy(m) for m in transcript[k:]]  # grown in place: O(new)
+        entry.pending = pending
+        self._memo.move_to_end(key)
+        while len(self._memo) > self.max_conversations:
+            self._memo.popitem(last=False)
+        return entry.state
+
+
+def _extends(transcript: list[Message], copies: list[Any]) -> bool:
+    """Whether `transcript` starts with messages equal to `copies` (in C, stops early)."""
+    k = len(copies)
+    if not k or len(transcript) < k:
+        return False
+    return (transcript if len(transcript) == k else transcript[:k]) == copies
 
 
 def _key(transcript: list[Message]) -> Hashable | None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from shared.messages import Message, groups, head_end
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,21 @@ def transcript_files() -> list[Path]:
 def load_transcript(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def long_session(target: int = 1000) -> list[Message]:
+    """One long agent session: the real coding-agent transcripts, one task after another."""
+    files = sorted(
+        (p for p in transcript_files() if p.name.startswith("mswea")), key=lambda p: p.name
+    )
+    out: list[Message] = []
+    for path in files:
+        msgs = load_transcript(path)["messages"]
+        out.extend(msgs if not out else msgs[head_end(msgs, keep_first_user=False) :])
+        if len(out) >= target:
+            break
+    cut = max(b for _, b in groups(out) if b <= target)
+    return out[:cut]
 
 
 needs_transcripts = pytest.mark.skipif(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable
+from itertools import accumulate
+
 from shared.messages import Message, groups
 from shared.strategies.work import SYNTHETIC, Work
 
@@ -36,16 +40,24 @@ class DropOldest:
         size = dict(zip(work.origin, map(work.size, work.messages), strict=True))
         # per-message sizes are raw estimates; scale them to the calibrated, pressured measure
         scale = before / max(1, sum(size.values()))
-        excess: float = before - work.limits.target
-        take = 0
-        while take < len(spans) and excess > 0:
-            excess -= scale * sum(size[o] for o in spans[take])
-            take += 1
+        dropped = list(accumulate((sum(size[o] for o in span) for span in spans), initial=0))
+        take = first_guess(dropped.__getitem__, len(spans), scale, before - work.limits.target)
         _drop(work, spans[:take])
         while take < len(spans) and not work.fits_target():
             _drop(work, spans[take : take + 1])
             take += 1
         work.record("DropOldest", before, groups=work.dropped_groups)
+
+
+def first_guess(dropped: Callable[[int], int], count: int, scale: float, excess: int) -> int:
+    """How many of `count` oldest groups to drop at once: the fewest whose raw size (summed by
+    `dropped(k)` over the first k), times `scale`, covers `excess`; all of them if none does.
+
+    A guess from per-message sizes, refined by measuring; a bisection, so a ledger that knows
+    the sums in O(1) makes the same guess in O(log n).
+    """
+    covered = bisect_left(range(count + 1), True, key=lambda k: scale * dropped(k) >= excess)
+    return min(covered, count)
 
 
 def _drop(work: Work, spans: list[tuple[int, ...]]) -> None:

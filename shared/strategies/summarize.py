@@ -46,6 +46,11 @@ class Summarize:
     def __repr__(self) -> str:
         return f"Summarize(keep_tokens_ratio={self.keep_tokens_ratio})"
 
+    @property
+    def summarizer(self) -> Summarizer | None:
+        """Its own summarizer (from `client` or `summarize`), if it was given one."""
+        return self._own
+
     async def apply(self, work: Work) -> None:
         if work.tail_start <= work.head_end:
             return

@@ -34,7 +34,8 @@ class TruncateToolResults:
     def __repr__(self) -> str:
         return f"TruncateToolResults(max_chars={self.max_chars}, head={self.head})"
 
-    def _shorten(self, m: Message) -> Message | None:
+    def shorten(self, m: Message) -> Message | None:
+        """`m` with its huge text shortened, or None when nothing in it is over `max_chars`."""
         content = m.get("content")
         if isinstance(content, str):
             if len(content) <= self.max_chars:
@@ -58,7 +59,7 @@ class TruncateToolResults:
         out: list[Message] = []
         shortened = 0
         for m in work.messages:
-            short = self._shorten(m) if m.get("role") == "tool" else None
+            short = self.shorten(m) if m.get("role") == "tool" else None
             if short is not None:
                 shortened += 1
             out.append(short if short is not None else m)

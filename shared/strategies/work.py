@@ -67,13 +67,13 @@ def measure(
     memo: SizeMemo,
 ) -> int:
     """`counter.count(messages, tools, model)`, through a per-call size memo when it can."""
-    base, ratio = _parts(counter, model)
+    base, ratio = counter_parts(counter)
     if base is None:
         return counter.count(messages, tools, model)
     return scale(ratio, memo.total(base, messages, tools, model))
 
 
-def _parts(counter: TokenCounter, model: str | None) -> tuple[CachedCounter | None, float]:
+def counter_parts(counter: TokenCounter) -> tuple[CachedCounter | None, float]:
     """The cached base counter and calibration ratio behind `counter`, when it has them."""
     if isinstance(counter, CachedCounter):
         return counter, 1.0

@@ -1,0 +1,270 @@
+"""Cut: the default strategies decided on a ledger's sums, in O(log n) plus what is kept.
+
+`ContextPolicy.prepare` takes this path when its strategies are the default four and the
+summary step can do nothing (no summarizer, no record in the book); anything else runs the
+strategies themselves. The result is the one running `TruncateToolResults`,
+`ClearToolResults`, `Summarize` and `DropOldest` in order would give, message for message and
+figure for figure (tests/shared/test_cut.py replays real transcripts through both): each step
+below mirrors one strategy, measuring as `Work.tokens` does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from shared.calibration import CalibratedCounter, scale
+from shared.counters import CachedCounter, TokenCounter
+from shared.ledger import Ledger, Steps
+from shared.messages import Message, ToolSpec
+from shared.strategies import (
+    ClearToolResults,
+    DropOldest,
+    Strategy,
+    Summarize,
+    TruncateToolResults,
+)
+from shared.strategies.drop import drop_marker, first_guess
+from shared.strategies.work import counter_parts
+
+_DEFAULT_KINDS = (
+    [TruncateToolResults, ClearToolResults, Summarize, DropOldest],
+    [TruncateToolResults, ClearToolResults, DropOldest],
+)
+
+
+def default_steps(strategies: list[Strategy], counter: TokenCounter) -> Steps | None:
+    """The ledger's `Steps` when the strategies are the default ones (in their order, any
+    settings) and the counter counts by content; None: run the strategies themselves."""
+    base = counter.base if isinstance(counter, CalibratedCounter) else counter
+    if not isinstance(base, CachedCounter) or [type(s) for s in strategies] not in _DEFAULT_KINDS:
+        return None
+    truncate, clear = strategies[0], strategies[1]
+    assert isinstance(truncate, TruncateToolResults) and isinstance(clear, ClearToolResults)
+    return Steps(base, truncate, clear)
+
+
+def can_decide(strategies: list[Strategy], policy_summarizer: object) -> bool:
+    """Whether no summary step can call a model (then `decide` equals the strategies)."""
+    own = [s.summarizer for s in strategies if isinstance(s, Summarize)]
+    return policy_summarizer is None and all(o is None for o in own)
+
+
+@dataclass(frozen=True)
+class Measure:
+    """Tokens of a prompt whose messages sum to `raw`: plus tools and priming, calibrated,
+    scaled by 1/pressure (what `Work.tokens` computes)."""
+
+    fixed: int
+    ratio: float
+    pressure: float
+
+    def __call__(self, raw: int) -> int:
+        value = scale(self.ratio, raw + self.fixed)
+        return math.ceil(value / self.pressure) if self.pressure != 1.0 else value
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One transcript against one ledger: its length, head end and protected tail start."""
+
+    ledger: Ledger
+    n: int
+    head: int
+    tail: int
+    target: int
+    summarize_step: bool  # a (no-op) Summarize runs between clearing and dropping
+    book_given: bool
+
+
+@dataclass
+class Outcome:
+    """What the steps decided: enough to build the messages and the report."""
+
+    tokens: int
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    truncated: bool = False
+    cleared_until: int | None = None  # clearable results in [head, this) are cleared
+    dropped_until: int | None = None  # groups in [head, this) are gone, behind a marker
+    dropped_groups: int = 0
+    marker: Message | None = None
+    stale: bool = False
+
+
+@dataclass(frozen=True)
+class Shortcut:
+    """The ledger path for one `prepare` call: the conversation's ledger and how to measure."""
+
+    steps: Steps
+    ledger: Ledger
+    measure: Measure
+
+    @classmethod
+    def of(
+        cls,
+        steps: Steps | None,
+        ledger: Ledger | None,
+        counter: TokenCounter,
+        tools: Sequence[ToolSpec],
+        pressure: float,
+    ) -> Shortcut | None:
+        """The shortcut, when the strategies are the default ones and the ledger is current."""
+        base, ratio = counter_parts(counter)
+        if steps is None or ledger is None or base is not steps.base:
+            return None
+        return cls(steps, ledger, Measure(base.count_tools(tools) + base.priming, ratio, pressure))
+
+    def tokens(self, n: int) -> int:
+        """Tokens of the transcript made of the ledger's first `n` messages, as it is."""
+        return self.measure(self.ledger.cum_raw[n])
+
+    def cut(
+        self,
+        transcript: list[Message],
+        head: int,
+        keep_recent: int,
+        strategies: list[Strategy],
+        book_given: bool,
+        report: dict[str, Any],
+    ) -> list[Message] | None:
+        """What the strategies leave of `transcript` (and `report` filled in as they would);
+        None when it does not fit, for the strategies themselves to say by how much."""
+        starts = self.ledger.group_starts(head, len(transcript))
+        tail = starts[-keep_recent] if len(starts) >= keep_recent else head
+        summarize_step = any(isinstance(s, Summarize) for s in strategies)
+        target = report["target_tokens"]
+        f = Frame(self.ledger, len(transcript), head, tail, target, summarize_step, book_given)
+        out = decide(f, self.steps, self.measure)
+        if out.tokens > report["budget"]:
+            return None
+        report.update(_report(f, out))
+        return build(transcript, f, self.steps, out)
+
+
+def decide(frame: Frame, steps: Steps, measure: Measure) -> Outcome:
+    """Run the four steps on sums; stop after the first that brings it under target."""
+    ledger, n = frame.ledger, frame.n
+    raw = ledger.cum_raw[n]
+    out = Outcome(tokens=measure(raw))
+    shortened = len(ledger.shortened_in(0, n))
+    if shortened:
+        raw = ledger.cum_short[n]
+        _record(out, "TruncateToolResults", measure(raw), messages=shortened)
+        out.truncated = True
+    if out.tokens <= frame.target:
+        return out
+    until = _clear_until(frame, steps.clear.keep_last)
+    cleared = len(ledger.clearable_in(frame.head, until))
+    if cleared:
+        raw -= ledger.cum_saved[until] - ledger.cum_saved[frame.head]
+        _record(out, "ClearToolResults", measure(raw), messages=cleared)
+        out.cleared_until = until
+    if out.tokens <= frame.target:
+        return out
+    if frame.summarize_step and frame.tail > frame.head:
+        out.stale = frame.book_given
+    _drop(frame, steps, measure, raw, out)
+    return out
+
+
+def _record(out: Outcome, strategy: str, tokens: int, **detail: Any) -> None:
+    out.applied.append({"strategy": strategy, "saved": out.tokens - tokens, **detail})
+    out.tokens = tokens
+
+
+def _clear_until(frame: Frame, keep_last: int) -> int:
+    """End of the range whose tool results `ClearToolResults` replaces."""
+    tools = frame.ledger.tool_count(frame.n)
+    if tools <= keep_last:
+        return frame.head
+    if keep_last == 0:
+        return frame.tail
+    return min(frame.tail, frame.ledger.tools[tools - keep_last])
+
+
+def _drop(frame: Frame, steps: Steps, measure: Measure, raw: int, out: Outcome) -> None:
+    """`DropOldest`: the first guess from sizes, then one more group until it fits."""
+    starts = frame.ledger.group_starts(frame.head, frame.tail)
+    if not starts:
+        return
+    ends = [*starts[1:], frame.tail]
+    before = out.tokens
+
+    def dropped(k: int) -> int:  # raw size of the oldest k groups, as they are now
+        return _span_size(frame, out, frame.head, ends[k - 1]) if k else 0
+
+    take = first_guess(dropped, len(starts), before / max(1, raw), before - frame.target)
+    tokens = _without(frame, steps, measure, raw, dropped(take), ends, take, out)
+    while take < len(starts) and tokens > frame.target:
+        take += 1
+        tokens = _without(frame, steps, measure, raw, dropped(take), ends, take, out)
+    out.dropped_groups = take
+    out.dropped_until = ends[take - 1] if take else None
+    _record(out, "DropOldest", tokens, groups=take)
+
+
+def _without(
+    frame: Frame,
+    steps: Steps,
+    measure: Measure,
+    raw: int,
+    gone: int,
+    ends: list[int],
+    take: int,
+    out: Outcome,
+) -> int:
+    """Tokens once the oldest `take` groups (raw size `gone`) make way for a marker."""
+    if not take:
+        out.marker = None
+        return measure(raw)
+    out.marker = drop_marker(ends[take - 1] - frame.head, take)
+    return measure(raw - gone + steps.base.count_message(out.marker))
+
+
+def _span_size(frame: Frame, out: Outcome, a: int, b: int) -> int:
+    """Raw size of messages `[a, b)` as they stand after truncating and clearing."""
+    ledger = frame.ledger
+    size = (ledger.cum_short if out.truncated else ledger.cum_raw)[b]
+    size -= (ledger.cum_short if out.truncated else ledger.cum_raw)[a]
+    until = out.cleared_until
+    if until is not None:
+        size -= ledger.cum_saved[min(b, until)] - ledger.cum_saved[min(a, until)]
+    return size
+
+
+def _report(frame: Frame, out: Outcome) -> dict[str, Any]:
+    """What `reports.outcome` says of the same cut."""
+    gone = out.dropped_until - frame.head if out.dropped_until is not None else 0
+    return {
+        "tokens_after": out.tokens,
+        "applied": out.applied,
+        "summary": None,
+        "dropped_groups": out.dropped_groups,
+        "dropped_messages": gone,
+        "stale": out.stale,
+        "changed": bool(out.applied),
+    }
+
+
+def build(transcript: list[Message], frame: Frame, steps: Steps, out: Outcome) -> list[Message]:
+    """The messages the steps leave: fresh dicts for every one they changed."""
+    ledger, head = frame.ledger, frame.head
+    start = out.dropped_until if out.dropped_until is not None else head
+    kept = transcript[start : frame.n]
+    changed: dict[int, Message] = {}
+    if out.truncated:
+        for i in ledger.shortened_in(start, frame.n):
+            changed[i] = steps.truncate.shorten(transcript[i]) or transcript[i]
+    if out.cleared_until is not None:
+        placeholder = steps.clear.placeholder
+        for i in ledger.clearable_in(max(start, head), out.cleared_until):
+            changed[i] = {**transcript[i], "content": placeholder}
+    for i, m in changed.items():
+        kept[i - start] = m
+    out_messages = transcript[:head]
+    if out.marker is not None:
+        out_messages.append(out.marker)
+    out_messages += kept
+    return out_messages

@@ -1,0 +1,251 @@
+"""The ledger's cut gives exactly what running the default strategies gives, call after call."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.counters import CalibratedCounter, HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.cut import default_steps
+from shared.errors import DoesNotFit
+from shared.messages import Message, groups
+from shared.policy import ContextPolicy, Prepared
+from shared.strategies import ClearToolResults, DropOldest, Summarize, TruncateToolResults
+from shared.summaries import SummaryBook
+from tests.conftest import load_transcript, long_session, needs_transcripts, transcript_files
+from tests.shared.generated import transcripts
+
+
+class _Drop(DropOldest):
+    """DropOldest under another type: a policy holding it runs the strategies themselves."""
+
+
+def twins(window: int, counter: TokenCounter, **kw: Any) -> tuple[ContextPolicy, ContextPolicy]:
+    """A policy on the ledger path and one running the same strategies, same settings."""
+    truncate = kw.pop("truncate", {})
+    clear = kw.pop("clear", {})
+
+    def policy(drop: DropOldest) -> ContextPolicy:
+        steps = [TruncateToolResults(**truncate), ClearToolResults(**clear), Summarize(), drop]
+        return ContextPolicy(window, counter=counter, strategies=steps, **kw)
+
+    fast, slow = policy(DropOldest()), policy(_Drop())
+    assert default_steps(fast.strategies, fast.counter) is not None
+    assert default_steps(slow.strategies, slow.counter) is None
+    return fast, slow
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _run(
+    loop: asyncio.AbstractEventLoop, policy: ContextPolicy, msgs: list[Message], **kw: Any
+) -> Prepared | DoesNotFit:
+    try:
+        return loop.run_until_complete(policy.prepare(msgs, **kw))
+    except DoesNotFit as exc:
+        return exc
+
+
+def assert_same(
+    loop: asyncio.AbstractEventLoop,
+    fast: ContextPolicy,
+    slow: ContextPolicy,
+    msgs: list[Message],
+    **kw: Any,
+) -> None:
+    expected = _run(loop, slow, msgs, **kw)
+    got = _run(loop, fast, msgs, **kw)
+    if isinstance(expected, DoesNotFit):
+        assert isinstance(got, DoesNotFit) and vars(got) == vars(expected)
+        return
+    assert isinstance(got, Prepared)
+    assert got.report == expected.report
+    assert got.messages == expected.messages
+
+
+def replay(
+    loop: asyncio.AbstractEventLoop,
+    fast: ContextPolicy,
+    slow: ContextPolicy,
+    msgs: list[Message],
+    every: int = 1,
+    **kw: Any,
+) -> None:
+    for _, end in groups(msgs)[::every]:
+        assert_same(loop, fast, slow, msgs[:end], **kw)
+    assert_same(loop, fast, slow, msgs, **kw)
+
+
+@needs_transcripts
+@pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:60])
+def test_real_transcripts_turn_by_turn_heuristic(
+    loop: asyncio.AbstractEventLoop, path: Path
+) -> None:
+    """Every turn of every real transcript, at four windows, same messages and report."""
+    data = load_transcript(path)
+    for window in (8_000, 16_000, 32_000, 128_000):
+        fast, slow = twins(window, HeuristicCounter(), reserve_output=1024)
+        replay(loop, fast, slow, data["messages"], tools=data.get("tools", ()))
+
+
+@needs_transcripts
+@pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:60])
+def test_real_transcripts_turn_by_turn_tiktoken(
+    loop: asyncio.AbstractEventLoop, path: Path, tiktoken_dir: Path
+) -> None:
+    """The same with exact counts, calibrated, under pressure."""
+    data = load_transcript(path)
+    counter = CalibratedCounter(TiktokenCounter(directory=tiktoken_dir))
+    counter.observe("m", 1000, 1270)
+    for window in (8_000, 32_000):
+        fast, slow = twins(window, counter, reserve_output=1024)
+        replay(
+            loop,
+            fast,
+            slow,
+            data["messages"],
+            every=2,
+            tools=data.get("tools", ()),
+            model="m",
+            pressure=0.8,
+        )
+
+
+@needs_transcripts
+def test_a_thousand_message_session(loop: asyncio.AbstractEventLoop) -> None:
+    """The real transcripts chained into one long session: hundreds of groups dropped."""
+    session = long_session(1000)
+    fast, slow = twins(128_000, HeuristicCounter())
+    replay(loop, fast, slow, session, every=7)
+
+
+settings_used = st.fixed_dictionaries(
+    {
+        "window": st.sampled_from([2_000, 6_000, 20_000]),
+        "keep_recent": st.integers(1, 4),
+        "keep_first_user": st.booleans(),
+        "truncate": st.fixed_dictionaries(
+            {
+                "max_chars": st.sampled_from([10, 500, 8000]),
+                "head": st.sampled_from([0.0, 0.7, 1.0]),
+            }
+        ),
+        "clear": st.fixed_dictionaries(
+            {
+                "keep_last": st.integers(0, 5),
+                "placeholder": st.sampled_from(
+                    ["[gone]", "[tool result removed to save context]" * 3]
+                ),
+            }
+        ),
+        "pressure": st.sampled_from([1.0, 0.7]),
+        "ratio": st.sampled_from([None, 0.6, 1.9]),
+        "tools": st.sampled_from(
+            [(), ({"type": "function", "function": {"name": "bash", "parameters": {}}},)]
+        ),
+        "book": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(transcripts(max_groups=25), settings_used)
+def test_generated_transcripts_with_any_settings(msgs: list[Message], s: dict[str, Any]) -> None:
+    """Generated transcripts, replayed, under every setting the ledger depends on."""
+    counter = CalibratedCounter(HeuristicCounter())
+    if s["ratio"] is not None:
+        counter.observe(None, 1000, int(1000 * s["ratio"]))
+    fast, slow = twins(
+        s["window"],
+        counter,
+        reserve_output=500,
+        keep_recent=s["keep_recent"],
+        keep_first_user=s["keep_first_user"],
+        truncate=s["truncate"],
+        clear=s["clear"],
+    )
+    kw = {
+        "tools": s["tools"],
+        "pressure": s["pressure"],
+        "book": SummaryBook([]) if s["book"] else None,
+    }
+    loop = asyncio.new_event_loop()
+    try:
+        replay(loop, fast, slow, msgs, **kw)
+    finally:
+        loop.close()
+
+
+def test_a_message_changed_in_place_is_seen(loop: asyncio.AbstractEventLoop) -> None:
+    """Mutating a message already taken in changes the next result, as it would the strategies'."""
+    msgs = _agent(30)
+    fast, slow = twins(4_000, HeuristicCounter(), reserve_output=500)
+    assert_same(loop, fast, slow, msgs)
+    msgs[-2]["content"] = "y" * 9000  # a recent tool result grows past max_chars
+    assert_same(loop, fast, slow, msgs)
+    msgs[3]["content"] = "short now"
+    assert_same(loop, fast, slow, msgs)
+
+
+def test_changed_strategy_settings_rebuild_the_ledger(loop: asyncio.AbstractEventLoop) -> None:
+    """A strategy's settings changed between calls are honoured on the next call."""
+    msgs = _agent(30)
+    fast, slow = twins(4_000, HeuristicCounter(), reserve_output=500)
+    assert_same(loop, fast, slow, msgs)
+    for policy in (fast, slow):
+        policy.strategies[0].max_chars = 100  # type: ignore[attr-defined]
+        policy.strategies[1].placeholder = "[x]"  # type: ignore[attr-defined]
+    assert_same(loop, fast, slow, msgs)
+
+
+def test_branches_of_one_conversation_from_many_threads() -> None:
+    """Diverging continuations of one conversation, prepared at once, never mix."""
+    base = _agent(20)
+    branches = [[*base, *_agent(15, tag=f"b{b}")[2:]] for b in range(4)]
+    fast, slow = twins(4_000, HeuristicCounter(), reserve_output=500)
+    errors: list[BaseException] = []
+
+    def work(branch: list[Message]) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            for _, end in groups(branch)[len(groups(base)) - 2 :]:
+                for _ in range(3):
+                    assert_same(loop, fast, slow, branch[:end])
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            loop.close()
+
+    threads = [threading.Thread(target=work, args=(b,)) for b in branches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def _agent(turns: int, tag: str = "") -> list[Message]:
+    msgs: list[Message] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "task"},
+    ]
+    for i in range(turns):
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "sh", "arguments": "{}"}}
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        size = 9000 if i % 5 == 0 else 600
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": f"{tag}{i} " + "z" * size})
+        if i % 4 == 3:
+            msgs.append({"role": "user", "content": f"{tag} go on {i}"})
+    return msgs
