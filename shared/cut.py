@@ -189,38 +189,39 @@ def _drop(frame: Frame, steps: Steps, measure: Measure, raw: int, out: Outcome) 
     starts = frame.ledger.group_starts(frame.head, frame.tail)
     if not starts:
         return
-    ends = [*starts[1:], frame.tail]
-    before = out.tokens
+    count, before = len(starts), out.tokens
+
+    def end(k: int) -> int:  # where the oldest k >= 1 groups end
+        return starts[k] if k < count else frame.tail
 
     def dropped(k: int) -> int:  # raw size of the oldest k groups, as they are now
-        return _span_size(frame, out, frame.head, ends[k - 1]) if k else 0
+        return _span_size(frame, out, frame.head, end(k)) if k else 0
 
-    take = first_guess(dropped, len(starts), before / max(1, raw), before - frame.target)
-    tokens = _without(frame, steps, measure, raw, dropped(take), ends, take, out)
-    while take < len(starts) and tokens > frame.target:
+    take = first_guess(dropped, count, before / max(1, raw), before - frame.target)
+    tokens = _without(steps, measure, raw - dropped(take), take, end(take) - frame.head, out)
+    while take < count and tokens > frame.target:
         take += 1
-        tokens = _without(frame, steps, measure, raw, dropped(take), ends, take, out)
+        tokens = _without(steps, measure, raw - dropped(take), take, end(take) - frame.head, out)
     out.dropped_groups = take
-    out.dropped_until = ends[take - 1] if take else None
+    out.dropped_until = end(take) if take else None
     _record(out, "DropOldest", tokens, groups=take)
 
 
 def _without(
-    frame: Frame,
     steps: Steps,
     measure: Measure,
-    raw: int,
-    gone: int,
-    ends: list[int],
-    take: int,
+    left: int,
+    groups: int,
+    messages: int,
     out: Outcome,
 ) -> int:
-    """Tokens once the oldest `take` groups (raw size `gone`) make way for a marker."""
-    if not take:
+    """Tokens once `groups` oldest groups (`messages` messages) are gone, leaving `left` raw
+    tokens of messages, and a marker says so."""
+    if not groups:
         out.marker = None
-        return measure(raw)
-    out.marker = drop_marker(ends[take - 1] - frame.head, take)
-    return measure(raw - gone + steps.base.count_message(out.marker))
+        return measure(left)
+    out.marker = drop_marker(messages, groups)
+    return measure(left + steps.base.count_message(out.marker))
 
 
 def _span_size(frame: Frame, out: Outcome, a: int, b: int) -> int:

@@ -13,6 +13,7 @@ content, to the transcript it is used with. It holds numbers and positions, neve
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,13 +47,14 @@ class Ledger:
     def __init__(self, steps: Steps) -> None:
         self.steps = steps
         self.signature = steps.signature()
-        self.cum_raw = [0]
-        self.cum_short = [0]
-        self.cum_saved = [0]
-        self.tools: list[int] = []  # tool results
-        self.shortened: list[int] = []  # tool results TruncateToolResults changes
-        self.clearable: list[int] = []  # tool results ClearToolResults may replace
-        self.starts: list[int] = []  # turn groups
+        # machine integers, 8 bytes an entry: a ledger per conversation must stay small
+        self.cum_raw = array("q", [0])
+        self.cum_short = array("q", [0])
+        self.cum_saved = array("q", [0])
+        self.tools = array("q")  # tool results
+        self.shortened = array("q")  # tool results TruncateToolResults changes
+        self.clearable = array("q")  # tool results ClearToolResults may replace
+        self.starts = array("q")  # turn groups
 
     def __len__(self) -> int:
         return len(self.cum_raw) - 1
@@ -97,17 +99,17 @@ class Ledger:
     def tool_count(self, n: int) -> int:
         return bisect_left(self.tools, n)
 
-    def shortened_in(self, a: int, b: int) -> list[int]:
+    def shortened_in(self, a: int, b: int) -> array[int]:
         """Positions in `[a, b)` that truncation changes."""
         s = self.shortened
         return s[bisect_left(s, a) : bisect_left(s, b)]
 
-    def clearable_in(self, a: int, b: int) -> list[int]:
+    def clearable_in(self, a: int, b: int) -> array[int]:
         """Positions in `[a, b)` that clearing may replace."""
         c = self.clearable
-        return c[bisect_left(c, a) : bisect_left(c, b)] if a < b else []
+        return c[bisect_left(c, a) : bisect_left(c, b)] if a < b else array("q")
 
-    def group_starts(self, a: int, b: int) -> list[int]:
+    def group_starts(self, a: int, b: int) -> array[int]:
         """Starts of the turn groups that start in `[a, b)`."""
         s = self.starts
         return s[bisect_left(s, a) : bisect_left(s, b)]
