@@ -114,7 +114,7 @@ def start_worker(
     # the production command line (`prefit worker`), named and quiet for the benchmark
     cmd = [
         *worker_argv(settings, concurrency),
-        *("-l", "WARNING", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h", "--without-heartbeat"),
+        *("-l", "WARNING", "-n", f"bench-{uuid.uuid4().hex[:6]}@%h"),
     ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

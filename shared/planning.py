@@ -42,6 +42,7 @@ def plan_summary(
     model: str | None = None,
     book: SummaryBook | None = None,
     extra_tokens: int = 0,
+    hashes: Sequence[str] | None = None,
 ) -> SummaryPlan | None:
     """See `ContextPolicy.plan_summary`."""
     budget = policy.budget(model)
@@ -63,6 +64,5 @@ def plan_summary(
     )
     if cut <= start:
         return None
-    return SummaryPlan(
-        start=head, cut=cut, previous=record, prefix_hash=prefix_hash(transcript[:cut])
-    )
+    cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
+    return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)

@@ -313,18 +313,26 @@ class ContextPolicy:
         model: str | None = None,
         book: SummaryBook | None = None,
         extra_tokens: int = 0,
+        hashes: Sequence[str] | None = None,
     ) -> SummaryPlan | None:
         """The record to compute now so that prepare lands under target when the trigger hits.
 
         `extra_tokens` stands for what the request adds that `transcript` lacks (a stored
-        conversation's tool specs).
+        conversation's tool specs). `hashes`: the transcript's `prefix_hashes` if known (a
+        stored conversation's chain), so the plan's prefix hash costs no hashing.
 
         None while the prompt built from the current best record is below
         (trigger - precompute_at) x budget: the cut then moves in steps, and the
         [head][summary] prefix stays byte-stable between them.
         """
         return plan_summary(
-            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens
+            self,
+            transcript,
+            tools=tools,
+            model=model,
+            book=book,
+            extra_tokens=extra_tokens,
+            hashes=hashes,
         )
 
     # --- helpers ----------------------------------------------------------------------------

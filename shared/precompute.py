@@ -21,16 +21,16 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
+from shared.calibration import NO_MODEL
 from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
-from shared.errors import LeaseLost, NotFound
+from shared.errors import LeaseLost
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
 from shared.planning import SummaryPlan
 from shared.policy import ContextPolicy
 from shared.settings import Settings
-from shared.store import HeldLease, Store
+from shared.store import Claim, HeldLease, Store
 from shared.store.conversations import Conversation, ConversationMeta
-from shared.summaries import SummaryBook
 from shared.summarize import Built, build_record
 from shared.summarizers import Summarizer
 from shared.windows import service_policy
@@ -134,12 +134,24 @@ class _Runner:
     async def run(self) -> Outcome:
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         for round_ in range(MAX_ROUNDS):
-            held = self.store.leases.hold(tenant, conv_id, self.owner, self.settings.lease_ttl_s)
+            # the lease and, if taken, everything the round plans on: one round trip
+            first_plan = self.policy is None and self.counter is None
+            claim = self.store.claims.claim(
+                tenant,
+                conv_id,
+                self.owner,
+                self.settings.lease_ttl_s,
+                ratio_of=(self.job.model or NO_MODEL) if first_plan else None,
+            )
+            held = claim.held
             if held is None:
-                return self._busy(self.store.leases.owner(tenant, conv_id))
+                return self._busy(claim.holder)
             with held:
-                status, seen = await self._round(held, first=round_ == 0)
-            if status in ("not_due", "stale_job") or seen is None or not self._changed(seen):
+                status, seen = await self._round(claim, held, first=round_ == 0)
+                done = status in ("not_due", "stale_job") or seen is None
+                # released, then the conversation looked at again: one round trip
+                now = None if done else self.store.claims.release(held)
+            if done or seen is None or not _changed(seen, now):
                 break
         return self.total
 
@@ -148,38 +160,18 @@ class _Runner:
         status: Status = "busy" if self.total.records == 0 else self.total.status
         return replace(self.total, status=status, holder=holder)
 
-    def _changed(self, seen: ConversationMeta) -> bool:
-        """Whether the conversation changed since `seen`, checked after the lease is released.
-
-        A duplicate that found the lease held ended trusting this check: anything it would
-        have planned on is either what was just summarized, or a change seen here.
-        """
-        try:
-            now = self.store.conversations.meta(self.job.tenant, self.job.conversation_id)
-        except NotFound:
-            return False
-        return (now.length, now.updated_at) != (seen.length, seen.updated_at)
-
-    def _read(self) -> tuple[Conversation, SummaryBook] | None:
-        tenant, conv_id = self.job.tenant, self.job.conversation_id
-        try:
-            conv = self.store.conversations.snapshot(tenant, conv_id)
-        except NotFound:
-            log.info("summary.conversation_gone", **self.ctx)
-            return None
-        return conv, self.store.records.book(tenant, conv_id)
-
     async def _round(
-        self, held: HeldLease, *, first: bool
+        self, claim: Claim, held: HeldLease, *, first: bool
     ) -> tuple[Status, ConversationMeta | None]:
-        """Under the lease: read (a duplicate may just have finished), plan, build, write."""
-        state = self._read()
-        if state is None:
+        """Under the lease: plan on what `claim` read (a duplicate may just have finished),
+        build, write."""
+        conv, book = claim.conversation, claim.book
+        if conv is None or book is None:
+            log.info("summary.conversation_gone", **self.ctx)
             self.total = replace(
                 self.total, status="stale_job" if self.total.records == 0 else self.total.status
             )
             return "stale_job", None
-        conv, book = state
         if first and not _starts_with(conv, self.job):
             self.total = replace(self.total, prefix_changed=True)
             log.info(
@@ -189,10 +181,14 @@ class _Runner:
                 length=conv.meta.length,
             )
         if self.policy is None:
-            counter = self.counter or counter_for(self.store, self.job.model)
+            counter = self.counter or _scaled(claim.ratio, self.job.model)
             self.policy = policy_for(self.job, self.settings, counter)
         plan = self.policy.plan_summary(
-            conv.messages, model=self.job.model, book=book, extra_tokens=self.job.extra_tokens
+            conv.messages,
+            model=self.job.model,
+            book=book,
+            extra_tokens=self.job.extra_tokens,
+            hashes=conv.hashes,
         )
         if plan is None:
             log.info("summary.not_due", **self.ctx, length=conv.meta.length)
@@ -225,12 +221,11 @@ class _Runner:
         )
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         spent = (built.input_tokens, built.output_tokens)
-        # Counted before the write, in one round trip: the summary was made and paid for,
-        # whatever becomes of the record (a lost lease, a racing writer, Redis failing next).
-        self.store.usage.add(tenant, *spent, built.cost, summaries=1)
         try:
             held.check()
         except LeaseLost:
+            # The summary was made and paid for: counted, though nothing is written.
+            self.store.usage.add(tenant, *spent, built.cost, summaries=1)
             log.warning(
                 "summary.lease_lost",
                 **self.ctx,
@@ -240,7 +235,9 @@ class _Runner:
                 output_tokens=spent[1],
             )
             raise
-        wrote = self.store.records.put(tenant, conv_id, built.record)
+        # Counted before the write, in the same round trip: the summary was made and paid
+        # for, whatever becomes of the record (a racing writer, Redis failing on the write).
+        wrote = self.store.claims.commit(tenant, conv_id, built.record, (*spent, built.cost))
         status: Status = "written" if wrote else "exists"
         self._tally(status, plan, built, wrote)
         log.info(
@@ -273,6 +270,35 @@ class _Runner:
             output_tokens=t.output_tokens + (built.output_tokens if built else 0),
             cost=t.cost + (built.cost if built else 0.0),
         )
+
+
+def _changed(seen: ConversationMeta, now: ConversationMeta | None) -> bool:
+    """Whether the conversation changed since `seen` (`now`: read after the lease's release).
+
+    A duplicate that found the lease held ended trusting this check: anything it would have
+    planned on is either what was just summarized, or a change seen here.
+    """
+    return now is not None and (now.length, now.updated_at) != (seen.length, seen.updated_at)
+
+
+class _ReadRatio:
+    """The calibration ratio `claim` read with the lease, as a read-only `RatioStore`."""
+
+    def __init__(self, ratio: float | None) -> None:
+        self._ratio = ratio
+
+    def get(self, model: str) -> float | None:
+        return self._ratio
+
+    def update(
+        self, model: str, observed_ratio: float, smoothing: float, bounds: tuple[float, float]
+    ) -> float:
+        raise NotImplementedError("workers do not calibrate")
+
+
+def _scaled(ratio: float | None, model: str | None) -> TokenCounter:
+    """`counter_for` with the ratio already read (clamped the same way)."""
+    return CalibratedCounter(_BASE_COUNTER, ratios=_ReadRatio(ratio)).scaled(model)
 
 
 def _starts_with(conv: Conversation, job: SummaryJob) -> bool:

@@ -126,7 +126,7 @@ def worker_argv(settings: Settings, concurrency: int | None = None) -> list[str]
         "-Q", settings.summary_queue,
         "-P", "threads",
         "-c", str(concurrency or settings.worker_concurrency),
-        "--without-gossip", "--without-mingle",
+        "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-l", settings.log_level.upper(),
     ]  # fmt: skip
 

@@ -17,6 +17,7 @@ import redis
 
 from shared.settings import Settings
 from shared.store.calibration import Calibration, RedisRatios
+from shared.store.claims import Claim, Claims
 from shared.store.client import connect, guarded
 from shared.store.conversations import Conversation, ConversationMeta, ConversationStore
 from shared.store.deadletters import DeadLetter, DeadLetters
@@ -26,6 +27,8 @@ from shared.store.usage import Usage, UsageStore
 
 __all__ = [
     "Calibration",
+    "Claim",
+    "Claims",
     "Conversation",
     "ConversationMeta",
     "ConversationStore",
@@ -52,10 +55,12 @@ class Store:
     usage: UsageStore
     dead_letters: DeadLetters
     leases: Lease
+    claims: Claims
 
     @classmethod
     def from_client(cls, client: redis.Redis, settings: Settings) -> Store:
         retention = settings.retention_s
+        leases = Lease(client)
         return cls(
             client=client,
             conversations=ConversationStore(client, retention_s=retention),
@@ -63,7 +68,8 @@ class Store:
             ratios=RedisRatios(client),
             usage=UsageStore(client),
             dead_letters=DeadLetters(client, retention_s=retention),
-            leases=Lease(client),
+            leases=leases,
+            claims=Claims(client, leases, retention_s=retention),
         )
 
     @classmethod

@@ -161,7 +161,7 @@ class ConversationStore:
         meta, raw, hashes = pipe.execute()
         messages = [json.loads(m) for m in raw]
         chain = (EMPTY, *(text(h) for h in hashes))
-        return Conversation(messages, chain, _meta(conv_id, meta, len(messages)))
+        return Conversation(messages, chain, meta_of(conv_id, meta, len(messages)))
 
     @guarded
     def hashes(self, tenant: str, conv_id: str) -> list[str]:
@@ -181,7 +181,7 @@ class ConversationStore:
         pipe.hgetall(keys.conv_meta(tenant, conv_id))
         pipe.llen(keys.conv_messages(tenant, conv_id))
         meta, length = pipe.execute()
-        return _meta(conv_id, meta, int(length))
+        return meta_of(conv_id, meta, int(length))
 
     def length(self, tenant: str, conv_id: str) -> int:
         """Number of stored messages; `NotFound` if the conversation does not exist."""
@@ -255,7 +255,8 @@ def _count(value: int, name: str) -> int:
     return value
 
 
-def _meta(conv_id: str, raw: dict[bytes, bytes], length: int) -> ConversationMeta:
+def meta_of(conv_id: str, raw: dict[bytes, bytes], length: int) -> ConversationMeta:
+    """Metadata from a HGETALL reply; `NotFound` if it is empty (no such conversation)."""
     if not raw:
         raise NotFound(f"conversation {conv_id!r} not found")
     f = {text(k): text(v) for k, v in raw.items()}

@@ -93,7 +93,7 @@ class RecordStore:
         workers race: a later put only links the existing record to the conversation.
         `NotFound` if the conversation does not exist (it may have been deleted meanwhile).
         """
-        _check(record)
+        check_record(record)
         h = record.prefix_hash
         ks = [
             keys.conv_meta(tenant, conv_id),
@@ -151,7 +151,8 @@ class RecordStore:
         return [SummaryRecord.from_json(r) for r in raw]
 
 
-def _check(record: SummaryRecord) -> None:
+def check_record(record: SummaryRecord) -> None:
+    """`ConfigError` unless `record` can be stored."""
     if not isinstance(record, SummaryRecord):
         raise ConfigError(f"expected a SummaryRecord, got {type(record).__name__}")
     if isinstance(record.upto, bool) or not isinstance(record.upto, int) or record.upto < 1:

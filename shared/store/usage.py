@@ -11,6 +11,16 @@ from shared import keys
 from shared.errors import ConfigError
 from shared.store.client import guarded, text
 
+# KEYS: usage hash. ARGV: input tokens, output tokens, cost, summaries. `UsageStore.add` as one
+# script, for pipelines that cannot hold a MULTI (`shared.store.claims`).
+ADD = """
+redis.call('HINCRBY', KEYS[1], 'input_tokens', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'output_tokens', ARGV[2])
+redis.call('HINCRBYFLOAT', KEYS[1], 'cost', ARGV[3])
+redis.call('HINCRBY', KEYS[1], 'summaries', ARGV[4])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class Usage:
@@ -33,15 +43,7 @@ class UsageStore:
         self, tenant: str, input_tokens: int, output_tokens: int, cost: float, *, summaries: int = 1
     ) -> None:
         """Count one summarizer call (or `summaries` of them) against the tenant."""
-        for name, value in (
-            ("input_tokens", input_tokens),
-            ("output_tokens", output_tokens),
-            ("summaries", summaries),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
-        if not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
-            raise ConfigError(f"cost must be a non-negative finite number, got {cost!r}")
+        _check(input_tokens, output_tokens, cost, summaries)
         key = keys.usage(tenant)
         pipe = self._r.pipeline(transaction=True)
         pipe.hincrby(key, "input_tokens", input_tokens)
@@ -60,3 +62,23 @@ class UsageStore:
             cost=float(raw.get("cost", 0.0)),
             summaries=int(raw.get("summaries", 0)),
         )
+
+
+def usage_args(
+    tenant: str, input_tokens: int, output_tokens: int, cost: float, *, summaries: int = 1
+) -> tuple[list[str], list[int | str]]:
+    """KEYS and ARGV of the `ADD` script (checked as `UsageStore.add` checks them)."""
+    _check(input_tokens, output_tokens, cost, summaries)
+    return [keys.usage(tenant)], [input_tokens, output_tokens, repr(float(cost)), summaries]
+
+
+def _check(input_tokens: int, output_tokens: int, cost: float, summaries: int) -> None:
+    for name, value in (
+        ("input_tokens", input_tokens),
+        ("output_tokens", output_tokens),
+        ("summaries", summaries),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{name} must be a non-negative integer, got {value!r}")
+    if not isinstance(cost, int | float) or not math.isfinite(cost) or cost < 0:
+        raise ConfigError(f"cost must be a non-negative finite number, got {cost!r}")

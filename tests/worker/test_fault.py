@@ -46,7 +46,7 @@ def start_worker_process(settings: Settings, name: str, log: Path) -> subprocess
     # the production command line (`prefit worker`), so the fault test exercises it
     cmd = [
         *worker_argv(settings, 4),
-        *("-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO", "--without-heartbeat"),
+        *("-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
     ]
     with log.open("wb") as out:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -1,0 +1,179 @@
+"""A summary job's Redis work in few round trips: claim and read, count and write, release.
+
+A job used to make nine round trips (lease, snapshot, book, ratio, existing record, usage,
+record, release, metadata). In a worker running hundreds of jobs on one event loop each is
+also a wait that hands the GIL to another thread and back, which costs more than the command.
+Here the same commands go out in three pipelines, in the same order, with the same atomicity:
+
+- `claim`: the lease (SET NX PX) and, only if it was taken, the conversation's metadata,
+  messages, prefix hashes and summary records, in one Lua script (a job that finds the lease
+  held reads nothing but the holder's id); the model's calibration ratio rides along;
+- `commit`: the tenant's usage counters, then the record (SET NX and its index), two scripts
+  in one pipeline: the spend is counted before the write, and counted even if the write fails;
+- `release`: the lease given up (compare-and-delete), then the conversation's metadata read,
+  in one pipeline: the "did it change while I worked" check still follows the release.
+
+Scripts are sent with EVAL: Redis caches them by hash, and a pipeline of EVALSHAs would need
+a SCRIPT EXISTS round trip of its own (redis-py checks before every such pipeline).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from shared import keys
+from shared.errors import NotFound, StoreUnavailable
+from shared.logs import get_logger
+from shared.store.chain import EMPTY
+from shared.store.client import guarded, text, ttl_ms
+from shared.store.conversations import Conversation, ConversationMeta, meta_of
+from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
+from shared.store.records import PUT, check_record
+from shared.store.usage import ADD, usage_args
+from shared.summaries import SummaryBook, SummaryRecord
+
+log = get_logger(__name__)
+
+# KEYS: lease, msgs, hashes, meta, index. ARGV: owner, ttl ms, record prefix.
+# {0, holder} if the lease is held; else {1, meta (HGETALL), messages, hashes, records}.
+CLAIM = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {0, redis.call('GET', KEYS[1])}
+end
+local records = {}
+for _, member in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
+  local rec = redis.call('GET', ARGV[3] .. member)
+  if rec then records[#records + 1] = rec end
+end
+return {1, redis.call('HGETALL', KEYS[4]), redis.call('LRANGE', KEYS[2], 0, -1),
+        redis.call('LRANGE', KEYS[3], 0, -1), records}
+"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What `claim` found. `held` is None when another owner (`holder`) has the lease.
+
+    With the lease: `conversation` and `book` as read under it (None: the conversation is
+    gone), and the model's calibration ratio if it was asked for (None: never observed).
+    """
+
+    held: HeldLease | None
+    holder: str | None = None
+    conversation: Conversation | None = None
+    book: SummaryBook | None = None
+    ratio: float | None = None
+
+
+class Claims:
+    """The merged round trips of a summary job, over the store's parts on one client."""
+
+    def __init__(self, client: redis.Redis, leases: Lease, *, retention_s: float) -> None:
+        self._r = client
+        self._leases = leases
+        self._ttl = ttl_ms(retention_s)
+
+    @guarded
+    def claim(
+        self,
+        tenant: str,
+        conv_id: str,
+        owner: str,
+        ttl: float,
+        *,
+        ratio_of: str | None = None,
+    ) -> Claim:
+        """Take the conversation's lease and read what a job plans on, in one round trip.
+
+        `ratio_of`: also read this model's calibration ratio ("" for no model).
+        """
+        started = self._leases.clock()
+        ks = [
+            keys.conv_lease(tenant, conv_id),
+            keys.conv_messages(tenant, conv_id),
+            keys.conv_hashes(tenant, conv_id),
+            keys.conv_meta(tenant, conv_id),
+            keys.conv_index(tenant, conv_id),
+        ]
+        pipe = self._r.pipeline(transaction=False)
+        pipe.eval(CLAIM, len(ks), *ks, check_owner(owner), ttl_ms(ttl), keys.record_prefix(tenant))
+        if ratio_of is not None:
+            pipe.hget(keys.ratio(ratio_of), "ratio")
+        replies = pipe.execute()
+        reply = replies[0]
+        if not reply[0]:
+            return Claim(None, holder=text(reply[1]) if reply[1] is not None else None)
+        held = HeldLease(self._leases, tenant, conv_id, owner, ttl, valid_until=started + ttl)
+        ratio = float(text(replies[1])) if ratio_of is not None and replies[1] is not None else None
+        _, raw_meta, raw_messages, raw_hashes, raw_records = reply
+        book = SummaryBook([SummaryRecord.from_json(r) for r in raw_records])
+        if not raw_meta:
+            return Claim(held, book=book, ratio=ratio)
+        messages = [json.loads(m) for m in raw_messages]
+        chain = (EMPTY, *(text(h) for h in raw_hashes))
+        fields = dict(zip(raw_meta[::2], raw_meta[1::2], strict=True))
+        meta = meta_of(conv_id, fields, len(messages))
+        return Claim(held, conversation=Conversation(messages, chain, meta), book=book, ratio=ratio)
+
+    @guarded
+    def commit(
+        self,
+        tenant: str,
+        conv_id: str,
+        record: SummaryRecord,
+        spent: tuple[int, int, float],
+        *,
+        summaries: int = 1,
+    ) -> bool:
+        """Count the spend (input, output tokens, cost) against the tenant, then write `record`.
+
+        One round trip; the same as `usage.add` then `records.put`. True if this call wrote
+        the record (False: it existed and was linked); `NotFound` if the conversation is gone.
+        """
+        check_record(record)
+        usage_keys, usage = usage_args(tenant, *spent, summaries=summaries)
+        h = record.prefix_hash
+        ks = [
+            keys.conv_meta(tenant, conv_id),
+            keys.conv_index(tenant, conv_id),
+            keys.record(tenant, h),
+            keys.record_refs(tenant, h),
+        ]
+        args: list[Any] = [record.to_json(), record.upto, conv_id, self._ttl, "1", h]
+        pipe = self._r.pipeline(transaction=False)
+        pipe.eval(ADD, len(usage_keys), *usage_keys, *usage)
+        pipe.eval(PUT, len(ks), *ks, *args)
+        _, result = pipe.execute()
+        if int(result) < 0:
+            raise NotFound(f"conversation {conv_id!r} not found")
+        return int(result) == 1
+
+    def release(self, held: HeldLease) -> ConversationMeta | None:
+        """Release `held`, then read its conversation's metadata (None: gone): one round trip.
+
+        A release that fails is left to expire (as `HeldLease.close` does); the read failing
+        with it raises `StoreUnavailable`.
+        """
+        held.stop()
+        tenant, conv_id = held.tenant, held.conv_id
+        pipe = self._r.pipeline(transaction=False)
+        pipe.eval(RELEASE, 1, keys.conv_lease(tenant, conv_id), held.owner)
+        pipe.hgetall(keys.conv_meta(tenant, conv_id))
+        pipe.llen(keys.conv_messages(tenant, conv_id))
+        try:
+            _, raw_meta, length = self._execute(pipe)
+        except StoreUnavailable:
+            log.warning("lease.release_failed", tenant=tenant, conv_id=conv_id)
+            raise
+        try:
+            return meta_of(conv_id, raw_meta, int(length))
+        except NotFound:
+            return None
+
+    @guarded
+    def _execute(self, pipe: Any) -> list[Any]:
+        return list(pipe.execute())
