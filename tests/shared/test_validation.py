@@ -57,3 +57,39 @@ def test_pending_calls_carry_over_the_remembered_prefix() -> None:
     assert memo.validate([*msgs, turn(0)[1]])[-1]["tool_call_id"] == "c"
     with pytest.raises(InvalidTranscript, match="message 2"):
         memo.validate([*msgs, {"role": "tool", "tool_call_id": "zz", "content": ""}])
+
+
+def test_state_grows_with_the_transcript_and_restarts_on_a_change() -> None:
+    """The caller's state sees every message once while the prefix holds, all again after."""
+    memo: ValidatedPrefixes[list[str]] = ValidatedPrefixes()
+    seen: list[list[str]] = []
+
+    def grow(state: list[str] | None, msgs: list[dict[str, Any]]) -> list[str]:
+        state = state if state is not None else []
+        if not state:
+            seen.append(state)
+        state += [str(m["content"]) for m in msgs[len(state) :]]
+        return state
+
+    msgs = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a"}]
+    assert memo.validate_with(msgs, grow)[1] == ["task", "a"]
+    grown = [*msgs, {"role": "user", "content": "b"}]
+    assert memo.validate_with(grown, grow)[1] == ["task", "a", "b"]
+    assert len(seen) == 1, "a grown transcript reuses the state"
+    grown[2]["content"] = "changed"
+    assert memo.validate_with(grown, grow)[1] == ["task", "a", "changed"]
+    assert len(seen) == 2, "a message changed in place starts the state over"
+
+
+def test_a_failing_grow_forgets_the_conversation() -> None:
+    """State that may be half grown is never handed out again."""
+    memo: ValidatedPrefixes[list[int]] = ValidatedPrefixes()
+    msgs = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "a"}]
+    memo.validate_with(msgs, lambda s, m: [len(m)])
+
+    def broken(state: list[int] | None, m: list[dict[str, Any]]) -> list[int]:
+        raise RuntimeError("counter failed")
+
+    with pytest.raises(RuntimeError):
+        memo.validate_with([*msgs, {"role": "user", "content": "b"}], broken)
+    assert memo.validate_with(msgs, lambda s, m: s if s is not None else [-1])[1] == [-1]
