@@ -32,7 +32,7 @@ from shared.store.chain import EMPTY
 from shared.store.client import guarded, text, ttl_ms
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
-from shared.store.records import PUT, check_record
+from shared.store.records import PUT, put_args, put_result
 from shared.store.usage import ADD, usage_args
 from shared.summaries import SummaryBook, SummaryRecord
 
@@ -134,23 +134,13 @@ class Claims:
         One round trip; the same as `usage.add` then `records.put`. True if this call wrote
         the record (False: it existed and was linked); `NotFound` if the conversation is gone.
         """
-        check_record(record)
+        ks, args = put_args(tenant, conv_id, record, self._ttl, only_if_absent=True)
         usage_keys, usage = usage_args(tenant, *spent, summaries=summaries)
-        h = record.prefix_hash
-        ks = [
-            keys.conv_meta(tenant, conv_id),
-            keys.conv_index(tenant, conv_id),
-            keys.record(tenant, h),
-            keys.record_refs(tenant, h),
-        ]
-        args: list[Any] = [record.to_json(), record.upto, conv_id, self._ttl, "1", h]
         pipe = self._r.pipeline(transaction=False)
         pipe.eval(ADD, len(usage_keys), *usage_keys, *usage)
         pipe.eval(PUT, len(ks), *ks, *args)
         _, result = pipe.execute()
-        if int(result) < 0:
-            raise NotFound(f"conversation {conv_id!r} not found")
-        return int(result) == 1
+        return put_result(result, conv_id)
 
     def release(self, held: HeldLease) -> ConversationMeta | None:
         """Release `held`, then read its conversation's metadata (None: gone): one round trip.

@@ -93,20 +93,8 @@ class RecordStore:
         workers race: a later put only links the existing record to the conversation.
         `NotFound` if the conversation does not exist (it may have been deleted meanwhile).
         """
-        check_record(record)
-        h = record.prefix_hash
-        ks = [
-            keys.conv_meta(tenant, conv_id),
-            keys.conv_index(tenant, conv_id),
-            keys.record(tenant, h),
-            keys.record_refs(tenant, h),
-        ]
-        flag = "1" if only_if_absent else "0"
-        args: list[Any] = [record.to_json(), record.upto, conv_id, self._ttl, flag, h]
-        result = int(self._put(keys=ks, args=args))
-        if result < 0:
-            raise NotFound(f"conversation {conv_id!r} not found")
-        return result == 1
+        ks, args = put_args(tenant, conv_id, record, self._ttl, only_if_absent=only_if_absent)
+        return put_result(self._put(keys=ks, args=args), conv_id)
 
     @guarded
     def get(self, tenant: str, prefix_hash: str) -> SummaryRecord | None:
@@ -149,6 +137,31 @@ class RecordStore:
         ks = [keys.conv_index(tenant, conv_id)]
         raw = self._list(keys=ks, args=[keys.record_prefix(tenant)])
         return [SummaryRecord.from_json(r) for r in raw]
+
+
+def put_args(
+    tenant: str, conv_id: str, record: SummaryRecord, ttl_ms: int, *, only_if_absent: bool
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of the `PUT` script for `record` (checked first)."""
+    check_record(record)
+    h = record.prefix_hash
+    ks = [
+        keys.conv_meta(tenant, conv_id),
+        keys.conv_index(tenant, conv_id),
+        keys.record(tenant, h),
+        keys.record_refs(tenant, h),
+    ]
+    flag = "1" if only_if_absent else "0"
+    return ks, [record.to_json(), record.upto, conv_id, ttl_ms, flag, h]
+
+
+def put_result(reply: Any, conv_id: str) -> bool:
+    """What the `PUT` script's reply means: True if it wrote the record; `NotFound` if the
+    conversation is gone."""
+    result = int(reply)
+    if result < 0:
+        raise NotFound(f"conversation {conv_id!r} not found")
+    return result == 1
 
 
 def check_record(record: SummaryRecord) -> None:
