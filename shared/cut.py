@@ -18,7 +18,7 @@ from typing import Any
 from shared.calibration import CalibratedCounter, scale
 from shared.counters import CachedCounter, TokenCounter
 from shared.ledger import Ledger, Steps
-from shared.messages import Message, ToolSpec
+from shared.messages import Message, ToolSpec, tail_start
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -132,7 +132,7 @@ class Shortcut:
         """What the strategies leave of `transcript` (and `report` filled in as they would);
         None when it does not fit, for the strategies themselves to say by how much."""
         starts = self.ledger.group_starts(head, len(transcript))
-        tail = starts[-keep_recent] if len(starts) >= keep_recent else head
+        tail = tail_start(starts, head, keep_recent)
         summarize_step = any(isinstance(s, Summarize) for s in strategies)
         target = report["target_tokens"]
         f = Frame(self.ledger, len(transcript), head, tail, target, summarize_step, book_given)

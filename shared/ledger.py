@@ -32,8 +32,10 @@ class Steps:
     clear: ClearToolResults
 
     def signature(self) -> tuple[object, ...]:
+        """The strategy settings per-message facts depend on (the counter is compared by
+        identity)."""
         t, c = self.truncate, self.clear
-        return (id(self.base), t.max_chars, t.head, c.placeholder)
+        return (t.max_chars, t.head, c.placeholder)
 
 
 class Ledger:

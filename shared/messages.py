@@ -35,6 +35,12 @@ def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
     return out
 
 
+def tail_start(starts: Sequence[int], head: int, keep_recent: int) -> int:
+    """Start of the protected recent tail: the last `keep_recent` of the turn groups that
+    start at `starts` (those after the head, which ends at `head`); `head` if fewer."""
+    return starts[-keep_recent] if len(starts) >= keep_recent else head
+
+
 def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:
     """End of the head: the leading system/developer messages plus the first user message."""
     i = 0

@@ -13,7 +13,7 @@ from shared.cut import Shortcut, can_decide, default_steps
 from shared.errors import ConfigError, UnknownModel
 from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
-from shared.messages import Message, ToolSpec, groups, head_end
+from shared.messages import Message, ToolSpec, groups, head_end, tail_start
 from shared.planning import SummaryPlan, plan_summary
 from shared.reports import does_not_fit, new_report, outcome
 from shared.strategies import (
@@ -142,9 +142,8 @@ class ContextPolicy:
     def regions(self, transcript: Sequence[Message]) -> tuple[int, int]:
         """(head_end, tail_start): the head and the protected recent tail of `transcript`."""
         end = head_end(transcript, keep_first_user=self.keep_first_user)
-        spans = groups(transcript, end)
-        tail = spans[-self.keep_recent][0] if len(spans) >= self.keep_recent else end
-        return end, tail
+        starts = [a for a, _ in groups(transcript, end)]
+        return end, tail_start(starts, end, self.keep_recent)
 
     def effective_tokens(
         self,
