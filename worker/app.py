@@ -22,6 +22,7 @@ from celery.signals import worker_init, worker_ready, worker_shutdown
 from shared.jobs import TASK_NAME
 from shared.logs import configure_logging
 from shared.settings import Settings, get_settings
+from worker.broker import transport_for
 from worker.runtime import Runtime
 from worker.tasks import register
 
@@ -45,7 +46,7 @@ def restore_interval(visibility_timeout_s: int) -> int:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery settings derived from `settings` (pure: tests inspect it)."""
     queue = settings.summary_queue
-    transport = {
+    options = {
         # One visibility timeout for the whole app (there is no result backend to share it).
         "visibility_timeout": settings.visibility_timeout_s,
         "unacked_restore_interval": restore_interval(settings.visibility_timeout_s),
@@ -55,10 +56,13 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "priority_steps": PRIORITY_STEPS,
         "queue_order_strategy": "priority",
     }
-    return {
+    config: dict[str, Any] = {
         "broker_url": settings.broker,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": transport,
+        # Celery gives up on the broker after 100 reconnects (~45 min) and the worker exits:
+        # a worker outlives any outage instead (`prefit up` would restart it, others may not)
+        "broker_connection_max_retries": None,
+        "broker_transport_options": options,
         "task_default_queue": queue,
         "task_routes": {TASK_NAME: {"queue": queue}},
         "task_serializer": "json",
@@ -73,6 +77,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_send_task_events": False,
         "task_send_sent_event": False,
     }
+    transport = transport_for(settings.broker)
+    if transport is not None:  # see worker/broker.py: survives Redis restarts under load
+        config["broker_transport"] = transport
+    return config
 
 
 def make_app(

@@ -2,54 +2,27 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
 
-from shared.service import worker_argv
-from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryRecord
-from tests.conftest import ROOT
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import (
-    SUMMARIZER_MODEL,
     chat,
     enqueue,
     job_for,
     wait_until,
     worker_settings,
 )
+from tests.worker.processes import end, start_worker_process
 from worker.app import make_app
 
 COMPLETE = re.compile(r"SUMMARY [0-9a-f]{8} of \d+ chars")
-
-
-def start_worker_process(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
-    """`celery -A worker.app worker` as a child process, configured through its environment."""
-    env = {
-        **os.environ,
-        "REDIS_URL": settings.redis_url,
-        "PREFIT_SUMMARIZER_URL": settings.summarizer_url or "",
-        "PREFIT_SUMMARIZER_MODEL": SUMMARIZER_MODEL,
-        "PREFIT_SUMMARY_QUEUE": settings.summary_queue,
-        "PREFIT_VISIBILITY_TIMEOUT_S": str(settings.visibility_timeout_s),
-        "PREFIT_LEASE_TTL_S": str(settings.lease_ttl_s),
-        "PREFIT_WORKER_CONCURRENCY": "4",
-        "PREFIT_LOG_JSON": "true",
-    }
-    # the production command line (`prefit worker`), so the fault test exercises it
-    cmd = [
-        *worker_argv(settings, 4),
-        *("-n", f"{name}-{uuid.uuid4().hex[:6]}@%h", "-l", "INFO"),
-    ]
-    with log.open("wb") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 class Reader(threading.Thread):
@@ -68,16 +41,6 @@ class Reader(threading.Thread):
             self.reads += 1
             if record is not None:
                 self.seen.append(record)
-
-
-def _end(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.slow
@@ -104,9 +67,9 @@ def test_killed_worker_task_is_redelivered_and_written_once(
         finally:
             reader.stop.set()
             reader.join()
-            _end(first)
+            end(first)
             if second is not None:
-                _end(second)
+                end(second)
         rescuer_log = (tmp_path / "b.log").read_text()
 
     (record,) = store.records.list(tenant, "c1")
