@@ -3,7 +3,9 @@
 An embedded redis-server (unless REDIS_URL is set), one Celery worker and the API. Each child
 runs in a session of its own, so a terminal's Ctrl-C reaches only the supervisor, which then
 stops the children in order (API first: no new jobs; then the worker, which finishes its
-current tasks; then Redis). If any child dies, the rest are stopped and `up` exits non-zero.
+current tasks; then Redis). A child that dies is started again after 1 s, doubling to 30 s
+while it keeps dying (reset once it has stayed up a minute); the others keep running, so the
+API keeps answering while a worker comes back. Only SIGINT or SIGTERM stops `up`.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -34,18 +36,71 @@ READY_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
+class Backoff:
+    """How long a dead child waits before its restart: `first_s`, doubling to `max_s`.
+
+    A child that stayed up `stable_s` seconds starts again from `first_s` when it next dies.
+    """
+
+    first_s: float = 1.0
+    max_s: float = 30.0
+    stable_s: float = 60.0
+
+    def delay(self, deaths: int) -> float:
+        """The wait before restarting after the `deaths`-th death in a row (1, 2, ...)."""
+        return float(min(self.max_s, self.first_s * 2.0 ** max(0, deaths - 1)))
+
+
 class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
+    """A named child process, and what it takes to start it again."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env) if env is not None else None
+        self.proc = self._popen()
+        self.started_at = time.monotonic()
+        self.deaths = 0  # in a row: reset once the child has stayed up `Backoff.stable_s`
+        self.restarts = 0
+        self.restart_at: float | None = None  # set while dead and waiting for its restart
+
+    def _popen(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+    def restart(self) -> None:
+        self.proc = self._popen()
+        self.started_at = time.monotonic()
+        self.restarts += 1
+        self.restart_at = None
 
 
 class Supervisor:
-    """Named child processes that live and die together."""
+    """Named child processes, each restarted with backoff when it dies, until a stop request.
 
-    def __init__(self, *, grace_s: float = 10.0, poll_s: float = 0.2) -> None:
+    Only `request_stop` (SIGINT or SIGTERM inside `signals()`) ends `watch`: a child that
+    crashes is started again after `backoff.delay(...)` while the others keep running, so the
+    API keeps answering while a worker comes back.
+    """
+
+    def __init__(
+        self,
+        *,
+        grace_s: float = 10.0,
+        poll_s: float = 0.2,
+        backoff: Backoff | None = None,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
         self.grace_s = grace_s
         self.poll_s = poll_s
+        self.backoff = backoff if backoff is not None else Backoff()
         self.children: list[Child] = []
+        self._say = say
         self._stop = threading.Event()
 
     @property
@@ -54,16 +109,9 @@ class Supervisor:
 
     def spawn(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Child:
         """Start a child in its own session (its own process group)."""
-        proc = subprocess.Popen(
-            list(argv),
-            env=dict(env) if env is not None else None,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
-        )
-        child = Child(name, proc)
+        child = Child(name, argv, env)
         self.children.append(child)
-        log.info("service.child_started", child=name, pid=proc.pid)
+        log.info("service.child_started", child=name, pid=child.proc.pid)
         return child
 
     def request_stop(self, *_: Any) -> None:
@@ -80,17 +128,28 @@ class Supervisor:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def dead_child(self) -> Child | None:
-        """The first child that has exited, if any."""
-        return next((c for c in self.children if c.proc.poll() is not None), None)
-
-    def watch(self) -> Child | None:
-        """Block until a stop is requested (None) or a child exits (that child)."""
+    def watch(self) -> None:
+        """Restart children as they die, with backoff, until a stop is requested."""
         while not self._stop.wait(self.poll_s):
-            dead = self.dead_child()
-            if dead is not None:
-                return dead
-        return None
+            self.tend(time.monotonic())
+
+    def tend(self, now: float) -> None:
+        """One round of `watch`: note new deaths, restart the children whose wait is over."""
+        for child in self.children:
+            if child.proc.poll() is None:
+                if now - child.started_at >= self.backoff.stable_s:
+                    child.deaths = 0
+            elif child.restart_at is None:
+                child.deaths += 1
+                wait = self.backoff.delay(child.deaths)
+                child.restart_at = now + wait
+                code = child.proc.returncode
+                log.warning("service.child_exited", child=child.name, code=code, restart_in=wait)
+                self._tell(f"{child.name} exited with code {code}; restarting in {wait:g}s")
+            elif now >= child.restart_at:
+                child.restart()
+                log.info("service.child_restarted", child=child.name, pid=child.proc.pid)
+                self._tell(f"{child.name} restarted (pid {child.proc.pid})")
 
     def stop(self) -> None:
         """Stop children newest first: SIGTERM their group, wait `grace_s`, then SIGKILL."""
@@ -103,6 +162,10 @@ class Supervisor:
             _signal_group(child.proc, signal.SIGKILL)  # stragglers of the group, if any
             child.proc.wait()
             log.info("service.child_stopped", child=child.name, code=child.proc.returncode)
+
+    def _tell(self, line: str) -> None:
+        if self._say is not None:
+            self._say(line)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -157,13 +220,16 @@ class UpOptions:
     workers: int = 1
     grace_s: float = 10.0
     redis_dir: Path | None = None
+    backoff: Backoff = Backoff()
 
 
 def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: TextIO) -> int:
-    """Run redis (maybe), the worker and the API until a signal (0) or a child's death (1)."""
-    sup = Supervisor(grace_s=opts.grace_s)
+    """Run redis (maybe), the worker and the API until SIGINT or SIGTERM (0); 2 if it cannot start.
+
+    A child that dies is restarted with backoff (`Backoff`); the others keep running.
+    """
+    sup = Supervisor(grace_s=opts.grace_s, backoff=opts.backoff, say=lambda line: _say(out, line))
     redis: RedisProcess | None = None
-    dead: Child | None = None
     with sup.signals():
         try:
             redis_url = settings.redis_url
@@ -180,18 +246,16 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
                 sup.spawn("api", api_argv(opts.host, opts.port, opts.workers), child_env)
                 _banner(out, opts, settings, redis_url, redis)
                 _wait_ready(sup, opts, out)
-                dead = sup.watch()
+                sup.watch()
         except PrefitError as exc:
             _say(out, str(exc))
             return 2
         finally:
-            if dead is not None:
-                _say(out, f"{dead.name} exited with code {dead.proc.returncode}")
             _say(out, "stopping")
             sup.stop()
             if redis is not None:
                 redis.stop()
-    return 0 if dead is None else 1
+    return 0
 
 
 def _say(out: TextIO, line: str) -> None:
@@ -224,11 +288,12 @@ def _wait_ready(sup: Supervisor, opts: UpOptions, out: TextIO) -> None:
     host = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
     url = f"http://{host}:{opts.port}/healthz"
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while not sup.stopping and sup.dead_child() is None and time.monotonic() < deadline:
+    while not sup.stopping and time.monotonic() < deadline:
+        sup.tend(time.monotonic())  # a child dying while starting is restarted meanwhile
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1.0).status_code == 200:
                 _say(out, f"ready at http://{host}:{opts.port} (Ctrl-C to stop)")
                 return
         time.sleep(sup.poll_s)
-    if not sup.stopping and sup.dead_child() is None:
+    if not sup.stopping:
         _say(out, f"{url} did not answer within {READY_TIMEOUT_S:.0f}s; still waiting")

@@ -1,23 +1,37 @@
-"""Process supervision for `prefit up`: children live and die together, Redis is cleaned up."""
+"""`prefit up`'s supervision: dead children come back with backoff, Redis is cleaned up."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import SecretStr
 
 from shared import service
-from shared.redisproc import find_redis_server, reachable
-from shared.service import Supervisor, UpOptions, api_argv, describe_summarizer, worker_argv
+from shared.redisproc import find_redis_server, free_port, reachable
+from shared.service import (
+    Backoff,
+    Supervisor,
+    UpOptions,
+    api_argv,
+    describe_summarizer,
+    worker_argv,
+)
 from shared.settings import Settings
+from tests.conftest import ROOT
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
+QUITTER = [sys.executable, "-c", "raise SystemExit(3)"]
 STUBBORN = [
     sys.executable,
     "-c",
@@ -84,54 +98,94 @@ def test_stop_terminates_children_and_kills_the_stubborn() -> None:
     assert not _alive(polite.proc.pid) and not _alive(stubborn.proc.pid)
 
 
-def test_watch_returns_the_child_that_died() -> None:
-    """watch() returns as soon as any child exits, naming it."""
-    sup = Supervisor(poll_s=0.05)
-    sup.spawn("sleeper", SLEEPER)
-    quitter = sup.spawn("quitter", [sys.executable, "-c", "raise SystemExit(3)"])
+def test_a_dead_child_is_restarted_after_a_growing_wait() -> None:
+    """A child that keeps dying comes back after 1 s, 2 s, 4 s, capped; the others run on."""
+    sup = Supervisor(backoff=Backoff(first_s=1.0, max_s=4.0, stable_s=60.0))
+    sleeper = sup.spawn("sleeper", SLEEPER)
+    quitter = sup.spawn("quitter", QUITTER)
+    waits: list[float] = []
     try:
-        assert sup.watch() is quitter
-        assert quitter.proc.returncode == 3
+        for _ in range(4):
+            quitter.proc.wait()
+            now = time.monotonic()
+            sup.tend(now)  # notes the death
+            assert quitter.restart_at is not None
+            waits.append(quitter.restart_at - now)
+            dead = quitter.proc
+            sup.tend(quitter.restart_at - 0.01)
+            assert quitter.proc is dead  # not before its wait is over
+            sup.tend(quitter.restart_at)
+            assert quitter.proc is not dead and quitter.restart_at is None
+        assert waits == [1.0, 2.0, 4.0, 4.0]
+        assert quitter.restarts == 4 and sleeper.restarts == 0 and sleeper.proc.poll() is None
     finally:
         sup.stop()
 
 
-def test_a_requested_stop_ends_watch_with_none() -> None:
-    """request_stop (what the signal handlers call) makes watch() return None."""
+def test_the_wait_starts_over_once_a_child_stayed_up() -> None:
+    """A child that ran `stable_s` seconds before dying waits `first_s` again, not longer."""
+    sup = Supervisor(backoff=Backoff(first_s=1.0, max_s=30.0, stable_s=5.0))
+    child = sup.spawn("sleeper", SLEEPER)
+    try:
+        child.deaths = 3  # it had been dying before this run
+        sup.tend(child.started_at + 5.0)
+        assert child.deaths == 0
+        child.proc.kill()
+        child.proc.wait()
+        now = child.started_at + 6.0
+        sup.tend(now)
+        assert child.restart_at == now + 1.0
+    finally:
+        sup.stop()
+
+
+def test_a_requested_stop_ends_watch() -> None:
+    """request_stop (what the signal handlers call) makes watch() return."""
     sup = Supervisor(poll_s=0.05)
     sup.spawn("sleeper", SLEEPER)
     sup.request_stop()
     try:
-        assert sup.watch() is None
+        sup.watch()
+        assert sup.stopping
     finally:
         sup.stop()
 
 
-def test_up_stops_everything_when_a_child_dies(
+def test_up_restarts_a_dead_child_until_told_to_stop(
     monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:
-    """If the API dies, `up` stops the worker and exits 1 naming the dead child."""
-    pids: list[int] = []
+    """A crashing API is restarted with backoff while the worker runs on; SIGTERM ends `up` (0)."""
+    spawned: list[str] = []
     real_spawn = Supervisor.spawn
 
     def spawn(self: Supervisor, name: str, argv: list[str], env: dict[str, str]) -> service.Child:
-        child = real_spawn(self, name, argv, env)
-        pids.append(child.proc.pid)
+        spawned.append(name)
         assert env["REDIS_URL"] == redis_url
-        return child
+        return real_spawn(self, name, argv, env)
 
     monkeypatch.setattr(Supervisor, "spawn", spawn)
     monkeypatch.setattr(service, "worker_argv", lambda settings: SLEEPER)
-    monkeypatch.setattr(
-        service, "api_argv", lambda *a: [sys.executable, "-c", "raise SystemExit(4)"]
-    )
-    out = io.StringIO()
+    monkeypatch.setattr(service, "api_argv", lambda *a: QUITTER)
     monkeypatch.setenv("REDIS_URL", redis_url)
-    settings = Settings()
-    code = service.run_up(UpOptions("127.0.0.1", 1, grace_s=2), settings, {}, out)
-    assert code == 1
-    assert "api exited with code 4" in out.getvalue()
-    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    out = io.StringIO()
+    children: list[service.Child] = []
+    real_tend = Supervisor.tend
+
+    def tend(self: Supervisor, now: float) -> None:
+        children[:] = self.children
+        real_tend(self, now)
+        if self.children[1].restarts >= 2:  # the API came back twice: enough
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(Supervisor, "tend", tend)
+    fast = Backoff(first_s=0.05, max_s=0.2, stable_s=60.0)
+    code = service.run_up(UpOptions("127.0.0.1", 1, grace_s=2, backoff=fast), Settings(), {}, out)
+    assert code == 0
+    assert spawned == ["worker", "api"]
+    assert out.getvalue().count("api exited with code 3; restarting in") >= 2
+    worker, api = children
+    assert worker.restarts == 0 and api.restarts >= 2
+    assert not any(_alive(c.proc.pid) for c in children)
 
 
 @pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
@@ -142,7 +196,7 @@ def test_up_starts_and_stops_an_embedded_redis(monkeypatch: pytest.MonkeyPatch) 
     seen: dict[str, bool] = {}
 
     def api(*_: object) -> list[str]:
-        return [sys.executable, "-c", "raise SystemExit(1)"]
+        return SLEEPER
 
     monkeypatch.setattr(service, "worker_argv", lambda settings: SLEEPER)
     monkeypatch.setattr(service, "api_argv", api)
@@ -150,11 +204,14 @@ def test_up_starts_and_stops_an_embedded_redis(monkeypatch: pytest.MonkeyPatch) 
 
     def spawn(self: Supervisor, name: str, argv: list[str], env: dict[str, str]) -> service.Child:
         seen[name] = reachable(env["REDIS_URL"])
-        return real_spawn(self, name, argv, env)
+        child = real_spawn(self, name, argv, env)
+        if name == "api":
+            self.request_stop()  # as Ctrl-C would, once both children run
+        return child
 
     monkeypatch.setattr(Supervisor, "spawn", spawn)
     out = io.StringIO()
-    assert service.run_up(UpOptions("127.0.0.1", 1, grace_s=2), Settings(), {}, out) == 1
+    assert service.run_up(UpOptions("127.0.0.1", 1, grace_s=2), Settings(), {}, out) == 0
     url = re.search(r"redis (redis://\S+) \(embedded", out.getvalue())
     assert url is not None, out.getvalue()
     assert seen == {"worker": True, "api": True}
@@ -170,3 +227,57 @@ def test_up_refuses_an_unreachable_redis_url(monkeypatch: pytest.MonkeyPatch) ->
     assert service.run_up(UpOptions("127.0.0.1", 1), Settings(), {}, out) == 2
     assert spawned == []
     assert "does not answer" in out.getvalue() and "secret" not in out.getvalue()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+def test_prefit_up_keeps_serving_while_its_killed_worker_comes_back(tmp_path: Path) -> None:
+    """SIGKILL of `up`'s worker: the API answers throughout, a new worker starts; SIGTERM stops."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PREFIT_REDIS_URL")}
+    env.update(PREFIT_LOG_JSON="true", PREFIT_WORKER_CONCURRENCY="4", PREFIT_API_KEYS="")
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        up = subprocess.Popen(
+            [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--grace", "5"],
+            cwd=ROOT,
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    try:
+        _wait_for(lambda: "ready at" in out.read_text(), 60, "prefit up to be ready")
+        worker = _started_pid(err, "worker")
+        api = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=2.0)
+        os.kill(worker, signal.SIGKILL)
+        answers: list[int] = []
+        deadline = time.monotonic() + 30
+        while "worker restarted" not in out.read_text() and time.monotonic() < deadline:
+            answers.append(api.get("/healthz").status_code)
+            time.sleep(0.05)
+        restarted = re.search(r"worker restarted \(pid (\d+)\)", out.read_text())
+        assert restarted is not None, out.read_text()
+        assert _alive(int(restarted.group(1))) and int(restarted.group(1)) != worker
+        assert answers and set(answers) == {200}  # the API never stopped answering
+        api.close()
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=30) == 0
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    assert "worker exited with code -9; restarting in 1s" in out.read_text()
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _started_pid(log: Path, child: str) -> int:
+    for line in log.read_text().splitlines():
+        if '"service.child_started"' in line and f'"child": "{child}"' in line:
+            return int(json.loads(line)["pid"])
+    raise AssertionError(f"no {child} start in the log")
