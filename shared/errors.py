@@ -102,5 +102,9 @@ class ContextLengthExceeded(LLMError):
     """The provider says the summarizer's own input was too long: retry with smaller chunks."""
 
 
+class RangeTooLong(ContextLengthExceeded):
+    """One turn group, larger than `chunk_tokens`, is too long for the summarizer on its own."""
+
+
 class LeaseLost(PrefitError):
     """A worker's lease on a conversation expired or was taken; it must not write."""

@@ -172,3 +172,49 @@ def broker_queues(queue: str) -> list[str]:
     whichever `priority_steps` the workers run with.
     """
     return [queue if p == 0 else f"{queue}{BROKER_PRIORITY_SEP}{p}" for p in BROKER_PRIORITIES]
+
+
+# worker fault handling (appended for the summary workers) -----------------------------------
+
+
+def conv_blocked(tenant: str, conv_id: str) -> str:
+    """HASH of a dead-lettered summary range (`from` record hex, `upto`, `prefix_hash`, `error`):
+    no summary job starts from that record again until the key expires (a backoff)."""
+    return f"{_conv(tenant, conv_id)}:blocked"
+
+
+def conv_block_count(tenant: str, conv_id: str) -> str:
+    """STRING counting the conversation's recent blocks: each one doubles the next backoff."""
+    return f"{_conv(tenant, conv_id)}:blocks"
+
+
+def conv_attempts(tenant: str, conv_id: str, prefix_hash: str) -> str:
+    """STRING counting failed attempts at the summary ending at `prefix_hash`, shared by every
+    job and retry planning it (one budget: `max_redeliveries`)."""
+    digest = check_prefix_hash(prefix_hash).partition(":")[2]
+    return f"{_conv(tenant, conv_id)}:attempts:{digest}"
+
+
+def _worker_queue(queue: str) -> str:
+    # the braces make the queue a Redis Cluster hash tag: a registry's keys share one slot
+    return f"{ROOT}:{{inflight:{check_id('queue', queue)}}}"
+
+
+def inflight_deadlines(queue: str) -> str:
+    """ZSET of the queue's running summary jobs: member task id, score its lease deadline (ms)."""
+    return f"{_worker_queue(queue)}:deadlines"
+
+
+def inflight_jobs(queue: str) -> str:
+    """HASH of the queue's running summary jobs: task id -> JSON (task kwargs, retries)."""
+    return f"{_worker_queue(queue)}:jobs"
+
+
+def breaker(provider: str) -> str:
+    """HASH of one summarizer configuration's circuit breaker (failures, open `until` ms, probe)."""
+    return f"{ROOT}:global:breaker:{check_id('provider', provider)}"
+
+
+def breakers() -> str:
+    """HASH of every summarizer configuration that ever tripped: provider id -> label."""
+    return f"{ROOT}:global:breakers"

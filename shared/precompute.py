@@ -17,25 +17,27 @@ Nothing here logs message text: ids, hashes, counts and sizes only.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 from shared.calibration import NO_MODEL
 from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
-from shared.errors import LeaseLost
+from shared.errors import LeaseLost, StoreUnavailable
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
+from shared.outcomes import FINAL, Outcome, Progress, Status
 from shared.planning import SummaryPlan
 from shared.policy import ContextPolicy
 from shared.settings import Settings
-from shared.store import Claim, HeldLease, Store
+from shared.store import BreakerState, Claim, HeldLease, Range, Store, Ticket
+from shared.store.blocks import origin
+from shared.store.breaker import CLOSED
 from shared.store.conversations import Conversation, ConversationMeta
 from shared.summarize import Built, build_record
 from shared.summarizers import Summarizer
 from shared.windows import service_policy
-
-Status = Literal["written", "not_due", "busy", "stale_job", "exists"]
 
 # Rounds of (plan, lease, write) per job: a conversation growing while its summary is made
 # gets the next record from the same job, but a job never loops for ever on a busy stream.
@@ -46,39 +48,7 @@ _BASE_COUNTER = HeuristicCounter()
 
 log = get_logger(__name__)
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """What a job did. `status` is the last round's, upgraded by any record written before.
-
-    - written: this job wrote a record (`upto`, `prefix_hash` name the last one);
-    - exists: the planned record already existed (another conversation of the tenant with
-      the same prefix, or a racing worker): it was linked, no LLM was called;
-    - not_due: no record is due (the book already suffices);
-    - busy: another worker holds the conversation's lease (`holder`); it will cover this;
-    - stale_job: the conversation no longer exists (deleted or expired).
-
-    `prefix_changed` says the stored transcript no longer starts with the job's prefix (it
-    was replaced or cut): the job was planned on the current transcript anyway.
-    """
-
-    status: Status
-    upto: int | None = None
-    prefix_hash: str | None = None
-    records: int = 0
-    calls: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cost: float = 0.0
-    prefix_changed: bool = False
-    holder: str | None = None
-
-    @property
-    def tokens(self) -> int:
-        return self.input_tokens + self.output_tokens
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+__all__ = ["Outcome", "Progress", "counter_for", "policy_for", "run_job"]
 
 
 def counter_for(store: Store, model: str | None) -> TokenCounter:
@@ -99,14 +69,23 @@ async def run_job(
     settings: Settings,
     owner: str,
     counter: TokenCounter | None = None,
+    ticket: Ticket | None = None,
+    provider: str | None = None,
+    progress: Progress | None = None,
 ) -> Outcome:
     """Write the summary records `job`'s conversation needs now, if any (see `Outcome`).
+
+    `ticket`: the job's in-flight entry, registered with each lease and removed with its
+    release (`shared.store.inflight`); `provider`: the summarizer's breaker id (None: no
+    breaker); `progress`: filled in with the range being summarized.
 
     Raises what the summarizer raises (`RetryableLLMError`, `LLMError`, ...), `LeaseLost`
     when the lease was lost mid-summary (nothing is written then) and `StoreUnavailable`.
     """
     ctx = {"tenant": job.tenant, "conversation_id": job.conversation_id, "owner": owner}
     runner = _Runner(job, store, summarizer, settings, owner, counter, ctx)
+    runner.ticket, runner.provider = ticket, provider
+    runner.progress = progress if progress is not None else Progress()
     outcome = await runner.run()
     log.debug("summary.job_finished", **ctx, **outcome.to_dict())
     return outcome
@@ -130,30 +109,54 @@ class _Runner:
         self.counter = counter
         self.policy: ContextPolicy | None = None  # built on first use: a busy job needs none
         self.total = Outcome("not_due")
+        self.ticket: Ticket | None = None
+        self.provider: str | None = None
+        self.breaker = CLOSED  # the summarizer's breaker as the last claim found it
+        self.progress = Progress()
 
     async def run(self) -> Outcome:
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         for round_ in range(MAX_ROUNDS):
             # the lease and, if taken, everything the round plans on: one round trip
             first_plan = self.policy is None and self.counter is None
+            known = self.store.breakers.known(self.provider) if self.provider else None
             claim = self.store.claims.claim(
                 tenant,
                 conv_id,
                 self.owner,
                 self.settings.lease_ttl_s,
                 ratio_of=(self.job.model or NO_MODEL) if first_plan else None,
+                ticket=self.ticket,
+                provider=self.provider if known is None else None,
             )
             held = claim.held
             if held is None:
                 return self._busy(claim.holder)
+            self.breaker = known if known is not None else claim.breaker
+            if known is None and self.provider is not None:
+                self.store.breakers.remember(self.provider, claim.breaker)
             with held:
                 status, seen = await self._round(claim, held, first=round_ == 0)
-                done = status in ("not_due", "stale_job") or seen is None
+                done = status in FINAL or seen is None
                 # released, then the conversation looked at again: one round trip
-                now = None if done else self.store.claims.release(held)
+                now = self._release(held, read=not done)
             if done or seen is None or not _changed(seen, now):
                 break
         return self.total
+
+    def _release(self, held: HeldLease, *, read: bool) -> ConversationMeta | None:
+        if read:
+            return self.store.claims.release(held)
+        with contextlib.suppress(StoreUnavailable):  # the job is over: a lease left expires
+            self.store.claims.release(held, read=False)
+        return None
+
+    def _ended(self, status: Status) -> Status:
+        """End the job on `status`, unless an earlier round of it wrote a record."""
+        self.total = replace(
+            self.total, status=status if self.total.records == 0 else self.total.status
+        )
+        return status
 
     def _busy(self, holder: str | None) -> Outcome:
         log.info("summary.busy", **self.ctx, holder=holder)
@@ -168,10 +171,7 @@ class _Runner:
         conv, book = claim.conversation, claim.book
         if conv is None or book is None:
             log.info("summary.conversation_gone", **self.ctx)
-            self.total = replace(
-                self.total, status="stale_job" if self.total.records == 0 else self.total.status
-            )
-            return "stale_job", None
+            return self._ended("stale_job"), None
         if first and not _starts_with(conv, self.job):
             self.total = replace(self.total, prefix_changed=True)
             log.info(
@@ -194,6 +194,7 @@ class _Runner:
             log.info("summary.not_due", **self.ctx, length=conv.meta.length)
             return "not_due", conv.meta
         tenant, conv_id = self.job.tenant, self.job.conversation_id
+        rng = Range(origin(plan.previous), plan.cut, plan.prefix_hash)
         existing = self.store.records.get(tenant, plan.prefix_hash)
         if existing is not None and existing.upto == plan.cut:
             held.check()
@@ -201,7 +202,33 @@ class _Runner:
             log.info("summary.linked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
             self._tally("exists", plan, None, wrote=False)
             return "exists", conv.meta
-        return await self._build(held, conv, plan, self.policy.counter), conv.meta
+        if claim.blocked == rng.origin:
+            log.info("summary.blocked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
+            return self._ended("blocked"), conv.meta
+        if not self._may_call(self.breaker):
+            log.info("summary.breaker_open", **self.ctx, until=self.breaker.until)
+            return self._ended("breaker_open"), conv.meta
+        self.progress.range = rng
+        status = await self._build(held, conv, plan, self.policy.counter)
+        self.progress.range = None  # written: a later failure is not this range's
+        if self.progress.probing and self.provider is not None:
+            self.store.breakers.reset(self.provider)
+            self.progress.probing = False
+            log.warning("summarizer.breaker_closed", **self.ctx, provider=self.provider)
+        return status, conv.meta
+
+    def _may_call(self, breaker: BreakerState) -> bool:
+        """Closed: yes; open: no; half-open: only the one job that gets the probe."""
+        if breaker.state == "closed" or self.progress.probing:
+            return True
+        if breaker.state == "open" or self.provider is None:
+            return False
+        s = self.settings
+        ttl = s.summarizer_timeout_s * max(1, s.summarizer_max_attempts) + s.lease_ttl_s
+        self.progress.probing = self.store.breakers.probe(self.provider, ttl)
+        if self.progress.probing:
+            log.info("summarizer.breaker_probing", **self.ctx, provider=self.provider)
+        return self.progress.probing
 
     async def _build(
         self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: TokenCounter

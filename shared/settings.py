@@ -70,6 +70,12 @@ class Settings(BaseSettings):
     worker_concurrency: int = 200
     visibility_timeout_s: int = 3600
     max_redeliveries: int = 5
+    # worker faults (docs/workers.md): a job lost with its worker is re-enqueued once its lease
+    # has expired, by the reaper every worker runs; a provider failing permanently is paused,
+    # and a dead-lettered range blocked, for a backoff doubling from the first to the max
+    reaper_interval_s: float = Field(default=10.0, gt=0)
+    breaker_backoff_s: float = Field(default=60.0, gt=0)
+    breaker_backoff_max_s: float = Field(default=3600.0, gt=0)
 
     # api
     api_keys: str = ""  # "tenant:key,tenant2:key2"

@@ -10,9 +10,10 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from shared.counters import TokenCounter
-from shared.errors import ConfigError, ContextLengthExceeded
+from shared.errors import ConfigError, ContextLengthExceeded, RangeTooLong
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
 from shared.summaries import SummaryRecord
@@ -97,6 +98,29 @@ def _halve(transcript: Sequence[Message], a: int, b: int) -> tuple[tuple[int, in
     return (a, mid), (mid, b)
 
 
+def _too_long(
+    group: Sequence[Message],
+    bounds: tuple[int, int],
+    counter: TokenCounter,
+    model: str | None,
+    chunk_tokens: int,
+    exc: ContextLengthExceeded,
+) -> NoReturn:
+    """A single turn group was refused as too long: whose fault is it?
+
+    Larger than `chunk_tokens`: this conversation's (`RangeTooLong`; other ranges are fine).
+    Within it: the summarizer cannot take the chunks it is configured for (the error as is).
+    """
+    size = sum(counter.count_message(m, model) for m in group)
+    if size > chunk_tokens:
+        raise RangeTooLong(
+            f"messages [{bounds[0]}, {bounds[1]}) are one turn group of about {size} tokens, "
+            f"over chunk_tokens ({chunk_tokens}), and the summarizer refused them as too long",
+            status=exc.status,
+        ) from exc
+    raise exc
+
+
 async def build_record(
     transcript: Sequence[Message],
     *,
@@ -127,10 +151,10 @@ async def build_record(
         calls += 1
         try:
             done = await summarizer.summarize(text, transcript[a:b], max_tokens=max_summary_tokens)
-        except ContextLengthExceeded:
+        except ContextLengthExceeded as exc:
             halves = _halve(transcript, a, b)
             if halves is None:
-                raise
+                _too_long(transcript[a:b], (a, b), counter, model, chunk_tokens, exc)
             pending.extendleft(reversed(halves))
             continue
         text = done.text

@@ -77,6 +77,7 @@ class Call:
     headers: Mapping[str, str]
     request: Mapping[str, Any]
     status: int
+    at: float = 0.0  # time.time() when it arrived
 
 
 def answer_for(prompt: str) -> str:
@@ -311,6 +312,7 @@ class FakeLLM:
             headers=dict(request.headers),
             request=body,
             status=status,
+            at=time.time(),
         )
         with self._lock:
             self._calls.append(call)

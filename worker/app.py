@@ -112,13 +112,14 @@ def _configure_logging(sender: Any = None, **_: Any) -> None:
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
-def _tune_gc(sender: Any = None, **_: Any) -> None:
-    """Collect less often, and never again scan what the started worker holds for good.
+def _on_ready(sender: Any = None, **_: Any) -> None:
+    """Start the reaper; collect less often, and never again scan what the worker holds for good.
 
     `gc.freeze` moves every object alive now (modules, Celery, the app and its store) out of the
     collector's reach: later full collections only walk what jobs allocated.
     """
     if getattr(sender, "app", None) is app:
+        runtime.start_reaper(app)  # an idle worker sends again what a dead one left behind
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])

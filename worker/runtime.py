@@ -22,10 +22,13 @@ from typing import Any, TypeVar
 import structlog
 
 from shared.extractive import ExtractiveSummarizer
+from shared.failures import Failures
 from shared.providers import client_from_settings
 from shared.settings import Settings
 from shared.store import Store
+from shared.store.breaker import provider_id, provider_label
 from shared.summarizers import LLMSummarizer, Summarizer
+from worker.reaper import Reaper
 
 T = TypeVar("T")
 
@@ -54,15 +57,42 @@ class Runtime:
         self._summarizer = summarizer  # None: the configured one (`make_summarizer`)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._failures: Failures | None = None
+        self._reaper: Reaper | None = None
+        # the breaker guards the configured provider only (a summarizer given here has none)
+        self.provider = provider_id(settings) if summarizer is None else None
+
+    @property
+    def failures(self) -> Failures:
+        with self._lock:
+            if self._failures is None:
+                store, label = self.store_unlocked(), provider_label(self.settings)
+                self._failures = Failures(store, self.settings, self.provider, label)
+            return self._failures
+
+    def start_reaper(self, app: Any) -> None:
+        """Start this process's reaper for `app`'s queue (once; later calls do nothing)."""
+        if self._reaper is not None:
+            return
+        with self._lock:
+            if self._reaper is None:
+                s = self.settings
+                store = self.store_unlocked()
+                self._reaper = Reaper(app, store, s.summary_queue, s.reaper_interval_s)
+                self._reaper.start()
 
     @property
     def store(self) -> Store:
         with self._lock:
-            if self._store is None:
-                self._store = Store.from_url(
-                    self.settings.redis_url, self.settings, max_connections=pool_size(self.settings)
-                )
-            return self._store
+            return self.store_unlocked()
+
+    def store_unlocked(self) -> Store:
+        """`store`, for callers already holding the runtime's lock."""
+        if self._store is None:
+            self._store = Store.from_url(
+                self.settings.redis_url, self.settings, max_connections=pool_size(self.settings)
+            )
+        return self._store
 
     @property
     def summarizer(self) -> Summarizer:
@@ -78,11 +108,14 @@ class Runtime:
         return future.result()
 
     def close(self) -> None:
-        """Close the summarizer's HTTP client, stop the loop, close the store."""
+        """Stop the reaper, close the summarizer's HTTP client, stop the loop, close the store."""
         with self._lock:
             loop, thread, summarizer = self._loop, self._thread, self._summarizer
             self._loop = self._thread = self._summarizer = None
             store, self._store = self._store, None
+            reaper, self._reaper = self._reaper, None
+        if reaper is not None:
+            reaper.stop()
         if loop is not None and thread is not None:
             client = getattr(summarizer, "client", None)
             if client is not None and hasattr(client, "aclose"):

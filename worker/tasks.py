@@ -1,23 +1,21 @@
 """The one Celery task, `prefit.summarize`: a thin shell around `shared.precompute.run_job`.
 
-The task decides only what happens after a failure:
+The task decides only what happens after a failure, as `shared.failures` says: retry after a
+backoff (the provider's `retry_after` for a 429), dead-letter (a permanent error, or a
+range's attempts spent), or end quietly (another job blocked the range meanwhile). A
+message the broker redelivered (its worker died mid-task, acks are late) counts as a failed
+attempt: it is turned into a retry, so `request.retries` counts redeliveries too; so does a
+job the reaper sent again (`worker.reaper`), which arrives with its retries counted.
 
-- `RetryableLLMError` (429, 5xx, timeouts): retry with the provider's `retry_after`, else
-  exponential backoff with jitter; `StoreUnavailable`, `LeaseLost` and unexpected errors
-  retry with backoff too;
-- `LLMError` (a 4xx such as 401; also a `ContextLengthExceeded` that halving chunks could
-  not cure) and `ConfigError` (a malformed job): a dead letter at once, no retry;
-- a message the broker redelivered (its worker died mid-task, acks are late) counts as a
-  failed attempt: it is turned into a retry, so `request.retries` counts redeliveries too.
-
-After `max_redeliveries` retries the task writes a dead letter (error text and attempts,
-never content) and stops. Countdowns stay under half the visibility timeout: a retry waits
-unacknowledged in the worker, and waiting longer would make the broker hand it out again.
+Each delivery has an in-flight entry (`shared.store.inflight`): registered and removed with
+the conversation's lease inside `run_job`, pushed back by the countdown when the task
+retries, removed when it ends otherwise. Dead letters carry error text and attempts, never
+content. Countdowns stay under half the visibility timeout: a retry waits unacknowledged in
+the worker, and waiting longer would make the broker hand it out again.
 """
 
 from __future__ import annotations
 
-import random
 import time
 import traceback
 import uuid
@@ -25,21 +23,13 @@ from typing import Any
 
 import structlog
 
-from shared.errors import (
-    ConfigError,
-    LeaseLost,
-    LLMError,
-    PrefitError,
-    RetryableLLMError,
-    StoreUnavailable,
-)
+from shared.errors import ConfigError, PrefitError, StoreUnavailable
+from shared.failures import Decision, error_text
 from shared.jobs import TASK_NAME, SummaryJob
 from shared.logs import get_logger
-from shared.precompute import Outcome, run_job
+from shared.precompute import Outcome, Progress, run_job
+from shared.store import Ticket
 from worker.runtime import Runtime
-
-BACKOFF_BASE_S = 2.0
-BACKOFF_MAX_S = 300.0
 
 log = get_logger(__name__)
 
@@ -57,6 +47,7 @@ def register(app: Any, runtime: Runtime) -> Any:
         shared=False,  # each app runs its own runtime's jobs (tests hold several apps)
     )
     def summarize(self: Any, **kwargs: Any) -> dict[str, Any]:
+        runtime.start_reaper(app)  # the command-line worker starts it when ready already
         with structlog.contextvars.bound_contextvars(task_id=self.request.id):
             return handle(self, runtime, kwargs)
 
@@ -70,11 +61,16 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
     try:
         job = SummaryJob.from_kwargs(kwargs)
     except ConfigError as exc:
-        return _dead(task, runtime, None, exc, attempt)
+        return _dead(task, runtime, None, None, exc, attempt)
+    ticket = Ticket(str(request.id), runtime.settings.summary_queue, kwargs, int(request.retries))
+    if request.retries > runtime.settings.max_redeliveries:  # sent again by reapers, too often
+        gave_up = PrefitError(f"gave up: its worker was lost {request.retries} times")
+        return _dead(task, runtime, job, ticket, gave_up, attempt)
     if (request.delivery_info or {}).get("redelivered"):
         log.warning("summary.task_redelivered", attempt=attempt, **_ids(job))
-        return _again(task, runtime, job, None, countdown=0.0, reason="redelivered")
+        return _again(task, runtime, job, ticket, None, countdown=0.0, reason="redelivered")
     started = time.perf_counter()
+    progress = Progress()
     try:
         outcome = runtime.run(
             run_job(
@@ -83,34 +79,50 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
                 summarizer=runtime.summarizer,
                 settings=runtime.settings,
                 owner=f"{request.id}/{uuid.uuid4().hex[:8]}",
+                ticket=ticket,
+                provider=runtime.provider,
+                progress=progress,
             )
         )
-    except RetryableLLMError as exc:
-        wait = exc.retry_after if exc.retry_after is not None else _backoff(attempt)
-        return _again(task, runtime, job, exc, countdown=wait, reason="llm_retryable")
-    except LLMError as exc:  # a 4xx, or a context error smaller chunks could not cure
-        return _dead(task, runtime, job, exc, attempt)
-    except ConfigError as exc:
-        return _dead(task, runtime, job, exc, attempt)
-    except (LeaseLost, StoreUnavailable) as exc:
-        return _again(task, runtime, job, exc, countdown=_backoff(attempt), reason=_name(exc))
-    except Exception as exc:  # a bug or an unforeseen fault: retried, then dead-lettered
-        # where it failed, not the traceback: an exception's message may quote content
-        log.error("summary.task_crashed", error=_name(exc), at=_where(exc), **_ids(job))
-        return _again(task, runtime, job, exc, countdown=_backoff(attempt), reason="crashed")
+    except Exception as exc:  # what comes next is for shared.failures to say
+        if not isinstance(exc, PrefitError):  # a bug or an unforeseen fault: where, not what
+            log.error("summary.task_crashed", error=_name(exc), at=_where(exc), **_ids(job))
+        decision = runtime.failures.decide(job, progress, exc, retries=int(request.retries))
+        return _act(task, runtime, job, ticket, exc, decision)
     if outcome.status == "busy" and _own(outcome, request.id):
         # An earlier delivery of this very task holds the lease: it died (the lease will
         # expire) or still runs past the visibility timeout. Come back once either is over.
         wait = runtime.settings.lease_ttl_s
-        return _again(task, runtime, job, None, countdown=wait, reason="own_lease")
+        return _again(task, runtime, job, ticket, None, countdown=wait, reason="own_lease")
+    if outcome.status == "busy":  # the holder covers it; nothing of this job is left to resend
+        _leave(runtime, ticket)
     _finished(job, outcome, attempt, started)
     return outcome.to_dict()
+
+
+def _act(
+    task: Any,
+    runtime: Runtime,
+    job: SummaryJob,
+    ticket: Ticket,
+    exc: BaseException,
+    decision: Decision,
+) -> dict[str, Any]:
+    if decision.action == "retry":
+        return _again(
+            task, runtime, job, ticket, exc, countdown=decision.countdown, reason=_name(exc)
+        )
+    if decision.action == "dead_letter":
+        return _dead(task, runtime, job, ticket, exc, decision.attempts)
+    _leave(runtime, ticket)  # drop: another job blocked the range meanwhile
+    return {"status": "blocked", "error": error_text(exc), "attempts": decision.attempts}
 
 
 def _again(
     task: Any,
     runtime: Runtime,
     job: SummaryJob,
+    ticket: Ticket,
     exc: BaseException | None,
     *,
     countdown: float,
@@ -121,28 +133,39 @@ def _again(
     limit = runtime.settings.max_redeliveries
     if task.request.retries >= limit:
         final = exc if exc is not None else PrefitError(f"gave up: {reason}")
-        return _dead(task, runtime, job, final, attempt)
+        return _dead(task, runtime, job, ticket, final, attempt)
     wait = max(0.0, min(countdown, runtime.settings.visibility_timeout_s / 2))
     log.info(
         "summary.task_retried",
         reason=reason,
-        error=_error_text(exc) if exc is not None else None,
+        error=error_text(exc) if exc is not None else None,
         attempt=attempt,
         countdown=round(wait, 3),
         **_ids(job),
     )
+    try:  # should the worker holding the retry die, the reaper sends it once it is due
+        runtime.store.inflight.defer(ticket, wait, runtime.settings.lease_ttl_s)
+    except StoreUnavailable:
+        log.warning("summary.inflight_unavailable", **_ids(job))
     raise task.retry(countdown=wait, max_retries=limit)
 
 
 def _dead(
-    task: Any, runtime: Runtime, job: SummaryJob | None, exc: BaseException, attempts: int
+    task: Any,
+    runtime: Runtime,
+    job: SummaryJob | None,
+    ticket: Ticket | None,
+    exc: BaseException,
+    attempts: int,
 ) -> dict[str, Any]:
     """Write a dead letter (error text and attempts, no content) and end the task."""
-    error = _error_text(exc)
+    error = error_text(exc)
     task_id = str(task.request.id)
     if job is None:
         log.error("summary.job_rejected", error=error, attempts=attempts)
         return {"status": "dead_letter", "error": error, "attempts": attempts}
+    if ticket is not None:
+        _leave(runtime, ticket)
     try:
         runtime.store.dead_letters.add(job.tenant, job.conversation_id, task_id, error, attempts)
     except (StoreUnavailable, ConfigError):  # Redis down, or ids no key can be built from
@@ -150,6 +173,13 @@ def _dead(
     else:
         log.error("summary.dead_lettered", error=error, attempts=attempts, **_ids(job))
     return {"status": "dead_letter", "error": error, "attempts": attempts}
+
+
+def _leave(runtime: Runtime, ticket: Ticket) -> None:
+    try:
+        runtime.store.inflight.leave(ticket)
+    except StoreUnavailable:  # the reaper will send it once more: a harmless duplicate
+        log.warning("summary.inflight_unavailable", task_id=ticket.task_id)
 
 
 def _finished(job: SummaryJob, outcome: Outcome, attempt: int, started: float) -> None:
@@ -160,20 +190,6 @@ def _finished(job: SummaryJob, outcome: Outcome, attempt: int, started: float) -
 def _own(outcome: Outcome, task_id: str | None) -> bool:
     holder = outcome.holder or ""
     return task_id is not None and holder.split("/", 1)[0] == task_id
-
-
-def _backoff(attempt: int) -> float:
-    """Exponential backoff with jitter: ~2 s, 4 s, 8 s ... capped at 5 minutes."""
-    ceiling: float = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2.0 ** (attempt - 1))
-    return ceiling * (0.5 + random.random() / 2)
-
-
-def _error_text(exc: BaseException) -> str:
-    # Our own errors are written never to carry content; anything else may (a KeyError on a
-    # message field, say), so only its type is kept.
-    if isinstance(exc, PrefitError):
-        return f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__
 
 
 def _where(exc: BaseException) -> str:

@@ -1,4 +1,4 @@
-"""The Redis store: conversations, summary records, calibration, usage, dead letters, leases.
+"""The Redis store: conversations, records, calibration, usage, dead letters, leases, faults.
 
 All parts share one sync `redis.Redis` client (thread safe; FastAPI handlers call it from the
 threadpool). Every public method turns Redis connection faults and timeouts into
@@ -16,16 +16,22 @@ from dataclasses import dataclass
 import redis
 
 from shared.settings import Settings
+from shared.store.blocks import Blocks, Range
+from shared.store.breaker import Breakers, BreakerState
 from shared.store.calibration import Calibration, RedisRatios
 from shared.store.claims import Claim, Claims
 from shared.store.client import connect, guarded
 from shared.store.conversations import Conversation, ConversationMeta, ConversationStore
 from shared.store.deadletters import DeadLetter, DeadLetters
+from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import HeldLease, Lease
 from shared.store.records import RecordStore
 from shared.store.usage import Usage, UsageStore
 
 __all__ = [
+    "Blocks",
+    "BreakerState",
+    "Breakers",
     "Calibration",
     "Claim",
     "Claims",
@@ -35,10 +41,13 @@ __all__ = [
     "DeadLetter",
     "DeadLetters",
     "HeldLease",
+    "InFlight",
     "Lease",
+    "Range",
     "RecordStore",
     "RedisRatios",
     "Store",
+    "Ticket",
     "Usage",
     "UsageStore",
 ]
@@ -56,10 +65,14 @@ class Store:
     dead_letters: DeadLetters
     leases: Lease
     claims: Claims
+    inflight: InFlight
+    breakers: Breakers
+    blocks: Blocks
 
     @classmethod
     def from_client(cls, client: redis.Redis, settings: Settings) -> Store:
         retention = settings.retention_s
+        backoff, backoff_max = settings.breaker_backoff_s, settings.breaker_backoff_max_s
         leases = Lease(client)
         return cls(
             client=client,
@@ -70,6 +83,9 @@ class Store:
             dead_letters=DeadLetters(client, retention_s=retention),
             leases=leases,
             claims=Claims(client, leases, retention_s=retention),
+            inflight=InFlight(client),
+            breakers=Breakers(client, base_s=backoff, max_s=backoff_max),
+            blocks=Blocks(client, base_s=backoff, max_s=backoff_max),
         )
 
     @classmethod

@@ -6,12 +6,17 @@ also a wait that hands the GIL to another thread and back, which costs more than
 Here the same commands go out in three pipelines, in the same order, with the same atomicity:
 
 - `claim`: the lease (SET NX PX) and, only if it was taken, the conversation's metadata,
-  messages, prefix hashes and summary records, in one Lua script (a job that finds the lease
-  held reads nothing but the holder's id); the model's calibration ratio rides along;
+  messages, prefix hashes, summary records and blocked range, in one Lua script (a job that
+  finds the lease held reads nothing but the holder's id); the model's calibration ratio
+  rides along;
 - `commit`: the tenant's usage counters, then the record (SET NX and its index), two scripts
   in one pipeline: the spend is counted before the write, and counted even if the write fails;
 - `release`: the lease given up (compare-and-delete), then the conversation's metadata read,
   in one pipeline: the "did it change while I worked" check still follows the release.
+
+A job's in-flight entry (`shared.store.inflight`) rides along: registered with the claim,
+renewed with the lease, removed with the release; so does the summarizer's breaker, read with
+the claim (`shared.store.breaker`).
 
 Scripts are sent with EVAL: Redis caches them by hash, and a pipeline of EVALSHAs would need
 a SCRIPT EXISTS round trip of its own (redis-py checks before every such pipeline).
@@ -28,9 +33,11 @@ import redis
 from shared import keys
 from shared.errors import NotFound, StoreUnavailable
 from shared.logs import get_logger
+from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
 from shared.store.chain import EMPTY
 from shared.store.client import guarded, text, ttl_ms
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
+from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
 from shared.store.records import PUT, put_args, put_result
 from shared.store.usage import ADD, usage_args
@@ -38,8 +45,9 @@ from shared.summaries import SummaryBook, SummaryRecord
 
 log = get_logger(__name__)
 
-# KEYS: lease, msgs, hashes, meta, index. ARGV: owner, ttl ms, record prefix.
-# {0, holder} if the lease is held; else {1, meta (HGETALL), messages, hashes, records}.
+# KEYS: lease, msgs, hashes, meta, index, blocked. ARGV: owner, ttl ms, record prefix.
+# {0, holder} if the lease is held; else {1, meta (HGETALL), messages, hashes, records,
+# the origin of the conversation's blocked range or false}.
 CLAIM = """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {0, redis.call('GET', KEYS[1])}
@@ -50,7 +58,7 @@ for _, member in ipairs(redis.call('ZRANGE', KEYS[5], 0, -1)) do
   if rec then records[#records + 1] = rec end
 end
 return {1, redis.call('HGETALL', KEYS[4]), redis.call('LRANGE', KEYS[2], 0, -1),
-        redis.call('LRANGE', KEYS[3], 0, -1), records}
+        redis.call('LRANGE', KEYS[3], 0, -1), records, redis.call('HGET', KEYS[6], 'from')}
 """
 
 
@@ -59,7 +67,9 @@ class Claim:
     """What `claim` found. `held` is None when another owner (`holder`) has the lease.
 
     With the lease: `conversation` and `book` as read under it (None: the conversation is
-    gone), and the model's calibration ratio if it was asked for (None: never observed).
+    gone), the model's calibration ratio if it was asked for (None: never observed), the
+    origin of the conversation's blocked range if any (`shared.store.blocks`), and the
+    summarizer's breaker if one was named.
     """
 
     held: HeldLease | None
@@ -67,6 +77,8 @@ class Claim:
     conversation: Conversation | None = None
     book: SummaryBook | None = None
     ratio: float | None = None
+    blocked: str | None = None
+    breaker: BreakerState = CLOSED
 
 
 class Claims:
@@ -86,10 +98,14 @@ class Claims:
         ttl: float,
         *,
         ratio_of: str | None = None,
+        ticket: Ticket | None = None,
+        provider: str | None = None,
     ) -> Claim:
         """Take the conversation's lease and read what a job plans on, in one round trip.
 
-        `ratio_of`: also read this model's calibration ratio ("" for no model).
+        `ratio_of`: also read this model's calibration ratio ("" for no model). `ticket`: also
+        register the job as in flight (`shared.store.inflight`), renewed with the lease.
+        `provider`: also read the summarizer's breaker (`shared.store.breaker`).
         """
         started = self._leases.clock()
         ks = [
@@ -98,26 +114,36 @@ class Claims:
             keys.conv_hashes(tenant, conv_id),
             keys.conv_meta(tenant, conv_id),
             keys.conv_index(tenant, conv_id),
+            keys.conv_blocked(tenant, conv_id),
         ]
         pipe = self._r.pipeline(transaction=False)
         pipe.eval(CLAIM, len(ks), *ks, check_owner(owner), ttl_ms(ttl), keys.record_prefix(tenant))
         if ratio_of is not None:
             pipe.hget(keys.ratio(ratio_of), "ratio")
+        if provider is not None:
+            Breakers.read_in(pipe, provider)
+        if ticket is not None:
+            InFlight.register_in(pipe, ticket, ttl)
         replies = pipe.execute()
         reply = replies[0]
         if not reply[0]:
             return Claim(None, holder=text(reply[1]) if reply[1] is not None else None)
-        held = HeldLease(self._leases, tenant, conv_id, owner, ttl, valid_until=started + ttl)
+        held = HeldLease(
+            self._leases, tenant, conv_id, owner, ttl, valid_until=started + ttl, ticket=ticket
+        )
         ratio = float(text(replies[1])) if ratio_of is not None and replies[1] is not None else None
-        _, raw_meta, raw_messages, raw_hashes, raw_records = reply
+        breaker = state_of(replies[2 if ratio_of is not None else 1]) if provider else CLOSED
+        _, raw_meta, raw_messages, raw_hashes, raw_records, raw_blocked = reply
         book = SummaryBook([SummaryRecord.from_json(r) for r in raw_records])
+        blocked = text(raw_blocked) if raw_blocked else None
         if not raw_meta:
-            return Claim(held, book=book, ratio=ratio)
+            return Claim(held, book=book, ratio=ratio, blocked=blocked, breaker=breaker)
         messages = [json.loads(m) for m in raw_messages]
         chain = (EMPTY, *(text(h) for h in raw_hashes))
         fields = dict(zip(raw_meta[::2], raw_meta[1::2], strict=True))
         meta = meta_of(conv_id, fields, len(messages))
-        return Claim(held, conversation=Conversation(messages, chain, meta), book=book, ratio=ratio)
+        conversation = Conversation(messages, chain, meta)
+        return Claim(held, None, conversation, book, ratio, blocked, breaker)
 
     @guarded
     def commit(
@@ -142,8 +168,9 @@ class Claims:
         _, result = pipe.execute()
         return put_result(result, conv_id)
 
-    def release(self, held: HeldLease) -> ConversationMeta | None:
-        """Release `held`, then read its conversation's metadata (None: gone): one round trip.
+    def release(self, held: HeldLease, *, read: bool = True) -> ConversationMeta | None:
+        """Release `held` (and its job's in-flight entry), then read its conversation's
+        metadata (None: gone, or `read` False): one round trip.
 
         A release that fails is left to expire (as `HeldLease.close` does); the read failing
         with it raises `StoreUnavailable`.
@@ -152,13 +179,19 @@ class Claims:
         tenant, conv_id = held.tenant, held.conv_id
         pipe = self._r.pipeline(transaction=False)
         pipe.eval(RELEASE, 1, keys.conv_lease(tenant, conv_id), held.owner)
-        pipe.hgetall(keys.conv_meta(tenant, conv_id))
-        pipe.llen(keys.conv_messages(tenant, conv_id))
+        if held.ticket is not None:
+            InFlight.unregister_in(pipe, held.ticket)
+        if read:
+            pipe.hgetall(keys.conv_meta(tenant, conv_id))
+            pipe.llen(keys.conv_messages(tenant, conv_id))
         try:
-            _, raw_meta, length = self._execute(pipe)
+            replies = self._execute(pipe)
         except StoreUnavailable:
             log.warning("lease.release_failed", tenant=tenant, conv_id=conv_id)
             raise
+        if not read:
+            return None
+        raw_meta, length = replies[-2:]
         try:
             return meta_of(conv_id, raw_meta, int(length))
         except NotFound:

@@ -23,6 +23,7 @@ from shared import keys
 from shared.errors import ConfigError, LeaseLost, StoreUnavailable
 from shared.logs import get_logger
 from shared.store.client import guarded, text, ttl_ms
+from shared.store.inflight import InFlight, Ticket
 
 log = get_logger(__name__)
 
@@ -60,10 +61,20 @@ class Lease:
         return bool(self._r.set(key, check_owner(owner), nx=True, px=ttl_ms(ttl)))
 
     @guarded
-    def renew(self, tenant: str, conv_id: str, owner: str, ttl: float) -> bool:
-        """Extend the lease to `ttl` seconds from now, only if `owner` still holds it."""
+    def renew(
+        self, tenant: str, conv_id: str, owner: str, ttl: float, ticket: Ticket | None = None
+    ) -> bool:
+        """Extend the lease to `ttl` seconds from now, only if `owner` still holds it.
+
+        With a `ticket`, the job's in-flight entry is pushed back in the same round trip.
+        """
         key = keys.conv_lease(tenant, conv_id)
-        return bool(self._renew(keys=[key], args=[check_owner(owner), ttl_ms(ttl)]))
+        if ticket is None:
+            return bool(self._renew(keys=[key], args=[check_owner(owner), ttl_ms(ttl)]))
+        pipe = self._r.pipeline(transaction=False)
+        pipe.eval(RENEW, 1, key, check_owner(owner), ttl_ms(ttl))
+        InFlight.renew_in(pipe, ticket, ttl)
+        return bool(pipe.execute()[0])
 
     @guarded
     def release(self, tenant: str, conv_id: str, owner: str) -> bool:
@@ -125,9 +136,11 @@ class HeldLease:
         ttl: float,
         *,
         valid_until: float,
+        ticket: Ticket | None = None,
     ) -> None:
         self._leases = leases
         self.tenant, self.conv_id, self.owner, self.ttl = tenant, conv_id, owner, ttl
+        self.ticket = ticket  # the job's in-flight entry, renewed with the lease
         self._valid_until = valid_until
         self._refused = False
         self._closed = False
@@ -179,7 +192,9 @@ class HeldLease:
             return False
         started = self._leases.clock()
         try:
-            renewed = self._leases.renew(self.tenant, self.conv_id, self.owner, self.ttl)
+            renewed = self._leases.renew(
+                self.tenant, self.conv_id, self.owner, self.ttl, self.ticket
+            )
         except Exception as exc:  # keep trying: check() turns a long outage into LeaseLost
             log.warning(
                 "lease.renew_failed",

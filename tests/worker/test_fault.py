@@ -80,3 +80,37 @@ def test_killed_worker_task_is_redelivered_and_written_once(
     assert all(seen == record for seen in reader.seen)  # only ever the complete record
     assert "summary.task_redelivered" in rescuer_log and "summary.computed" in rescuer_log
     assert store.dead_letters.list(tenant) == []
+
+
+@pytest.mark.slow
+def test_a_job_lost_with_its_worker_is_sent_again_long_before_the_visibility_timeout(
+    store: Store, redis_url: str, tenant: str, model: str, tmp_path: Path
+) -> None:
+    """SIGKILL mid-summary with the default one-hour visibility timeout: once the job's lease
+    has expired, the other worker's reaper sends it again; one record, written once."""
+    with FakeLLM(delay=3.0) as fake:
+        settings = worker_settings(redis_url, fake, lease_ttl_s=3.0)
+        assert settings.visibility_timeout_s == 3600  # the broker would wait an hour
+        fast_reaper = {"PREFIT_REAPER_INTERVAL_S": "1"}
+        store.conversations.append(tenant, "c1", chat(30))
+        first = start_worker_process(settings, "doomed", tmp_path / "a.log", env=fast_reaper)
+        second: subprocess.Popen[bytes] | None = None
+        try:
+            enqueue(make_app(settings), settings, job_for(store, tenant, "c1", model))
+            wait_until(lambda: len(fake.calls) == 1, 30, "the first worker to call the LLM")
+            first.kill()  # SIGKILL while the fake still holds its request
+            first.wait()
+            second = start_worker_process(settings, "rescuer", tmp_path / "b.log", env=fast_reaper)
+            wait_until(lambda: store.records.best(tenant, "c1") is not None, 30, "the record")
+        finally:
+            end(first)
+            if second is not None:
+                end(second)
+        rescuer_log = (tmp_path / "b.log").read_text()
+
+    (record,) = store.records.list(tenant, "c1")
+    assert len(fake.calls) == 2 and record.text == fake.answer(fake.calls[1].prompt)
+    assert store.usage.get(tenant).summaries == 1
+    assert "summary.task_reaped" in rescuer_log and "summary.task_redelivered" not in rescuer_log
+    assert store.inflight.running(settings.summary_queue) == 0  # nothing left to send again
+    assert store.dead_letters.list(tenant) == []

@@ -54,6 +54,7 @@ def test_fifty_triggers_cost_one_llm_call_per_range(
     assert_disjoint([summarized_range(c, msgs) for c in fake.calls])
     assert len(store.records.list(tenant, "c1")) == 1
     assert store.usage.get(tenant).summaries == 1
+    assert store.inflight.running(settings.summary_queue) == 0  # none left for a reaper
 
 
 def test_retry_after_of_a_429_is_honoured(
@@ -70,6 +71,7 @@ def test_retry_after_of_a_429_is_honoured(
     assert outcome["status"] == "written"
     assert [c.status for c in fake.calls] == [429, 200]
     assert store.dead_letters.list(tenant) == []
+    assert store.inflight.running(settings.summary_queue) == 0
 
 
 def test_401_is_dead_lettered_without_retry(

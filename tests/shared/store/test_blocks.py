@@ -1,0 +1,62 @@
+"""Failed ranges: one attempt budget per range for every job, a block once it is spent."""
+
+from __future__ import annotations
+
+import time
+
+from shared.store import Blocks, Range, Store
+from shared.store.blocks import origin
+from shared.summaries import SummaryRecord
+from tests.shared.store.helpers import run_threads
+
+RANGE = Range("none", 21, "v1:" + "a" * 32)
+BASE, MAX = 0.3, 1.0
+
+
+def _blocks(store: Store) -> Blocks:
+    return Blocks(store.client, base_s=BASE, max_s=MAX)
+
+
+def test_the_budget_is_shared_and_the_failure_that_spends_it_blocks(
+    store: Store, tenant: str
+) -> None:
+    """With a limit of 2, failures 1 and 2 retry; the 3rd blocks; later ones find it blocked."""
+    blocks = _blocks(store)
+    results = [blocks.fail(tenant, "c1", RANGE, "E", limit=2, permanent=False) for _ in range(4)]
+    assert [(f.attempts, f.blocked_s) for f in results] == [(1, 0), (2, 0), (3, BASE), (-1, 0)]
+    block = blocks.get(tenant, "c1")
+    assert block is not None and block.range == RANGE and block.error == "E"
+    assert 0 < block.ttl_s <= BASE
+
+
+def test_a_permanent_failure_blocks_at_once_and_only_once(store: Store, tenant: str) -> None:
+    """Twenty jobs failing permanently at once on one range: exactly one of them blocks it."""
+    blocks = _blocks(store)
+    results = run_threads(
+        lambda i: blocks.fail(tenant, "c1", RANGE, "LLMError", limit=5, permanent=True), 20
+    )
+    assert [f.blocked_s > 0 for f in results].count(True) == 1  # type: ignore[attr-defined]
+    assert sorted(f.attempts for f in results)[:19] == [-1] * 19  # type: ignore[attr-defined]
+
+
+def test_each_new_block_of_a_conversation_lasts_twice_as_long(store: Store, tenant: str) -> None:
+    """Blocks of 0.3 s, 0.6 s, then 1 s (the max), as the conversation keeps failing."""
+    blocks = _blocks(store)
+    pauses = []
+    for _ in range(3):
+        pauses.append(blocks.fail(tenant, "c1", RANGE, "E", limit=0, permanent=False).blocked_s)
+        time.sleep(pauses[-1] + 0.02)
+        assert blocks.get(tenant, "c1") is None  # expired: the range may be tried again
+    assert pauses == [0.3, 0.6, 1.0]
+
+
+def test_the_api_enqueues_nothing_from_a_blocked_origin(store: Store, tenant: str) -> None:
+    """A blocked origin refuses the claim; another origin (a record written since) is claimed."""
+    blocks = _blocks(store)
+    blocks.fail(tenant, "c1", RANGE, "E", limit=0, permanent=True)
+    assert blocks.claim_enqueue(tenant, "c1", "stale-none-3", "none", 15) == -1
+    record = SummaryRecord(upto=9, prefix_hash="v1:" + "b" * 32, text="s")
+    assert origin(record) == "b" * 32 and origin(None) == "none"
+    assert blocks.claim_enqueue(tenant, "c1", "stale-bbb-3", origin(record), 15) == 1
+    assert blocks.claim_enqueue(tenant, "c1", "stale-bbb-3", origin(record), 15) == 0
+    assert blocks.claim_enqueue(tenant, "c2", "stale-none-3", "none", 15) == 1  # other conv

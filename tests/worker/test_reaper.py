@@ -1,0 +1,77 @@
+"""The reaper: jobs whose worker stopped renewing them are sent again, by name, once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from shared.redisproc import free_port
+from shared.store import Store, Ticket
+from tests.fakellm import FakeLLM
+from tests.worker.helpers import chat, job_for, running_worker, wait_until, worker_settings
+from worker.app import make_app
+from worker.reaper import Reaper
+
+AppFor = Callable[..., Any]
+
+
+def test_a_job_left_behind_is_sent_again_and_runs(
+    store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
+) -> None:
+    """An entry past its deadline (its worker died) is taken, sent with its retries counted,
+    and summarized; the registry is empty afterwards."""
+    settings = worker_settings(redis_url, fake)
+    store.conversations.append(tenant, "c1", chat(30))
+    job = job_for(store, tenant, "c1", model)
+    ticket = Ticket("lost-task-1", settings.summary_queue, job.to_kwargs(), retries=1)
+    store.inflight.register(ticket, 0.01)  # as a dead worker's claim left it
+    time.sleep(0.05)
+    app = app_for(settings)
+    with running_worker(app) as runs:
+        assert Reaper(app, store, settings.summary_queue, 60.0).sweep() == 1
+        (outcome,) = runs.wait(["lost-task-1"])
+    assert outcome["status"] == "written" and len(fake.calls) == 1
+    assert store.inflight.running(settings.summary_queue) == 0
+    assert Reaper(app, store, settings.summary_queue, 60.0).sweep() == 0
+
+
+def test_a_job_the_broker_refuses_waits_for_the_next_sweep(
+    store: Store, redis_url: str, tenant: str
+) -> None:
+    """With the broker down the entry goes back to the registry instead of being lost."""
+    settings = worker_settings(redis_url, None, broker_url=f"redis://127.0.0.1:{free_port()}/0")
+    ticket = Ticket("lost-task-2", settings.summary_queue, {"tenant": tenant}, retries=0)
+    store.inflight.register(ticket, 0.01)
+    time.sleep(0.05)
+    app = make_app(settings)
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
+    try:
+        assert Reaper(app, store, settings.summary_queue, 0.2).sweep() == 0
+    finally:
+        app.close()
+    assert store.inflight.running(settings.summary_queue) == 1
+    time.sleep(0.25)
+    (back,) = store.inflight.reap(settings.summary_queue)
+    assert back == ticket  # unchanged: the failed send did not count as an attempt
+
+
+def test_a_job_lost_too_often_is_dead_lettered_without_calling(
+    store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
+) -> None:
+    """A job whose worker died on it more than max_redeliveries times (a poison job) is
+    dead-lettered when it comes back, not run again."""
+    settings = worker_settings(redis_url, fake, max_redeliveries=2)
+    store.conversations.append(tenant, "c1", chat(30))
+    job = job_for(store, tenant, "c1", model)
+    ticket = Ticket("lost-task-3", settings.summary_queue, job.to_kwargs(), retries=2)
+    store.inflight.register(ticket, 0.01)
+    time.sleep(0.05)
+    app = app_for(settings)
+    with running_worker(app) as runs:
+        Reaper(app, store, settings.summary_queue, 60.0).sweep()  # sent as its 3rd retry
+        (outcome,) = runs.wait(["lost-task-3"])
+    assert outcome["status"] == "dead_letter" and fake.calls == []
+    (letter,) = store.dead_letters.list(tenant)
+    assert "lost 3 times" in letter.error and letter.attempts == 4
+    wait_until(lambda: store.inflight.running(settings.summary_queue) == 0, 5, "no entry left")
