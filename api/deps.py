@@ -87,6 +87,7 @@ class Services:
                 broker=self.broker,
                 usage=self.store.usage.get,
                 tenants=self.keyring.tenants,
+                breakers=self.store.breakers.all,
             )
         )
 

@@ -5,7 +5,9 @@ Celery app pointed at the broker. A `SummaryTrigger` enqueues at most once per c
 state. The state (the dedupe marker) is the kind of request (ahead of time, or stale at
 prepare), the summary record the conversation is served from now, and its size in steps of
 5% of the budget: a worker may find a job not due yet, and the conversation is asked for
-again once it has grown a step (or the marker expired). The marker is claimed in the request
+again once it has grown a step (or the marker expired). A conversation whose summary from its
+current record was dead-lettered lately is not asked for until that block expires (the same
+round trip; `shared.store.blocks`). The marker is claimed in the request
 and the job published after the response (a Celery publish costs milliseconds); a failed
 send clears its marker and is logged, and the request still succeeds.
 """
@@ -23,6 +25,7 @@ from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME, SummaryJob
 from shared.logs import get_logger
 from shared.settings import Settings
 from shared.store import Store
+from shared.store.blocks import origin
 from shared.summaries import SummaryRecord
 
 log = get_logger(__name__)
@@ -134,7 +137,12 @@ class SummaryTrigger:
         """
         marker = marker_for(kind, best, step)
         ttl = MARKER_TTL_S[kind]
-        if not self._store.leases.claim_enqueue(job.tenant, job.conversation_id, marker, ttl):
+        tenant, conv_id = job.tenant, job.conversation_id
+        claimed = self._store.blocks.claim_enqueue(tenant, conv_id, marker, origin(best), ttl)
+        if claimed < 0:  # its summary failed lately (shared.store.blocks): not before the backoff
+            log.info("summary.enqueue_blocked", tenant=tenant, conversation_id=conv_id, kind=kind)
+            return None
+        if not claimed:
             return None
         if self._on_claimed is not None:
             self._on_claimed(kind)
@@ -163,8 +171,7 @@ class SummaryTrigger:
 
 def marker_for(kind: Kind, best: SummaryRecord | None, step: int) -> str:
     """The dedupe marker: kind, the hex of the record in use ("none" before any), size step."""
-    current = best.prefix_hash.partition(":")[2] if best is not None else "none"
-    return f"{kind}-{current}-{step}"
+    return f"{kind}-{origin(best)}-{step}"
 
 
 def size_step(tokens: int, budget: int) -> int:

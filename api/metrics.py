@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from api.logging import RequestLog
 from shared import keys
 from shared.logs import get_logger
+from shared.store.breaker import BreakerState
 
 log = get_logger(__name__)
 
@@ -136,7 +137,7 @@ class Metrics:
 
 
 class StoreCollector:
-    """Scrape-time numbers from Redis: summary queue depth and per-tenant LLM usage."""
+    """Scrape-time numbers from Redis: summary queue depth, per-tenant LLM usage, breakers."""
 
     def __init__(
         self,
@@ -145,11 +146,13 @@ class StoreCollector:
         broker: Callable[[], Any],
         usage: Callable[[str], Any],
         tenants: Sequence[str],
+        breakers: Callable[[], Sequence[BreakerState]] | None = None,
     ) -> None:
         self._queue = queue
         self._broker = broker
         self._usage = usage
         self._tenants = list(tenants)
+        self._breakers = breakers
 
     def describe(self) -> list[Metric]:
         return []  # collected at scrape time only
@@ -168,6 +171,11 @@ class StoreCollector:
         made = CounterMetricFamily(
             "prefit_summaries_made", "summary records written", labels=["tenant"]
         )
+        breaker = GaugeMetricFamily(
+            "prefit_summarizer_breaker_open",
+            "1 while a summarizer's breaker is open or half-open (no calls but a probe)",
+            labels=["provider"],
+        )
         ok = 1.0
         try:
             pipe = self._broker().pipeline(transaction=False)
@@ -180,10 +188,12 @@ class StoreCollector:
                 tokens.add_metric([tenant, "output"], float(u.output_tokens))
                 cost.add_metric([tenant], float(u.cost))
                 made.add_metric([tenant], float(u.summaries))
+            for state in self._breakers() if self._breakers is not None else ():
+                breaker.add_metric([state.label], 0.0 if state.state == "closed" else 1.0)
         except Exception as exc:  # a scrape must answer even with Redis down
             log.warning("metrics.store_unavailable", error=type(exc).__name__)
             ok = 0.0
         up.add_metric([], ok)
         yield up
         if ok:
-            yield from (depth, tokens, cost, made)
+            yield from (depth, tokens, cost, made, breaker)

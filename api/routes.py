@@ -35,6 +35,7 @@ from api.schemas import (
     ReplaceRequest,
 )
 from shared import keys
+from shared.store.breaker import overall
 
 ConvId = Annotated[str, Path(pattern=CONVERSATION_ID, max_length=keys.MAX_ID_CHARS)]
 Tenant = Annotated[str, Depends(get_tenant)]
@@ -192,10 +193,12 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"model": ErrorResponse}})
 async def readyz(svc: Svc) -> Response:
-    """Readiness: Redis and the broker answer."""
+    """Readiness: Redis and the broker answer (`summarizer`: the workers' breakers, for detail:
+    the API serves whatever their state)."""
     redis_ok = await run_in_threadpool(svc.store.ping)
     broker_ok = await run_in_threadpool(_ping, svc)
-    body: dict[str, Any] = {"redis": redis_ok, "broker": broker_ok}
+    summarizer = await run_in_threadpool(_summarizer, svc) if redis_ok else None
+    body: dict[str, Any] = {"redis": redis_ok, "broker": broker_ok, "summarizer": summarizer}
     if redis_ok and broker_ok:
         return Response(_dumps({"status": "ok", **body}), media_type=JSON)
     down = " and ".join(n for n, ok in (("redis", redis_ok), ("broker", broker_ok)) if not ok)
@@ -220,6 +223,13 @@ def _ping(svc: Services) -> bool:
         return bool(svc.broker().ping())
     except Exception:
         return False
+
+
+def _summarizer(svc: Services) -> dict[str, Any] | None:
+    try:
+        return overall(svc.store.breakers.all())
+    except Exception:  # detail only: readiness is Redis and the broker
+        return None
 
 
 def _dumps(body: dict[str, Any]) -> bytes:

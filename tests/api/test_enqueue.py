@@ -11,7 +11,7 @@ from shared import keys
 from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.redisproc import free_port
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Range, Store
 from shared.summaries import SummaryRecord
 from tests.api.conftest import Recorder
 
@@ -79,3 +79,19 @@ def test_size_steps_are_five_percent_of_the_budget() -> None:
     """A conversation's size state changes every 5% of the budget."""
     assert [size_step(t, 100_000) for t in (0, 4_999, 5_000, 75_000)] == [0, 0, 1, 15]
     assert marker_for("stale", None, 37) == "stale-none-37"
+
+
+def test_no_job_is_claimed_for_a_conversation_whose_summary_was_dead_lettered(
+    store: Store, tenant: str
+) -> None:
+    """While its range is blocked, stale prepares of the same state enqueue nothing; a record
+    written since (another origin) or another conversation still gets its job."""
+    rng = Range("none", 3, "v1:" + "ef" * 16)
+    store.blocks.fail(tenant, "c1", rng, "LLMError: HTTP 401", limit=5, permanent=True)
+    trigger = SummaryTrigger(store, Recorder())
+    for step in (40, 41, 42):  # growing, re-triggered: still the same origin
+        assert trigger.claim(job(tenant), "stale", None, step=step) is None
+    assert trigger.claim(job(tenant), "ahead", None, step=40) is None
+    record = SummaryRecord(3, "v1:" + "cd" * 16, "s")
+    assert trigger.claim(job(tenant), "stale", record, step=40) is not None
+    assert trigger.claim(job(tenant, "c2"), "stale", None, step=40) is not None

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+
 import pytest
 import structlog
 from fastapi.testclient import TestClient
@@ -106,3 +109,23 @@ def test_metrics_count_latency_strategies_summaries_and_errors(
     assert 'prefit_summaries_enqueued_total{kind="stale"} 1.0' in text
     assert "prefit_store_up 1.0" in text and "prefit_summary_queue_depth 0.0" in text
     assert f'prefit_llm_tokens_total{{direction="input",tenant="{tenant}"}} 0.0' in text
+
+
+def test_an_open_summarizer_breaker_shows_in_readyz_and_metrics_yet_ready(
+    client: TestClient, store: Store
+) -> None:
+    """The workers' breaker is detail: /readyz stays 200 naming it, /metrics has its gauge."""
+    provider = f"p{uuid.uuid4().hex[:12]}"
+    label = f"openai:{provider}"
+    store.breakers.trip(provider, label, "LLMError: openai: HTTP 401")
+    r = client.get("/readyz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+    summarizer = r.json()["summarizer"]
+    assert summarizer["state"] == "open" and summarizer["until"] > time.time()
+    (mine,) = [p for p in summarizer["providers"] if p["label"] == label]
+    assert mine["state"] == "open" and mine["failures"] == 1
+    metrics = client.get("/metrics").text
+    assert f'prefit_summarizer_breaker_open{{provider="{label}"}} 1.0' in metrics
+    store.breakers.reset(provider)
+    gauge = f'prefit_summarizer_breaker_open{{provider="{label}"}} 0.0'
+    assert gauge in client.get("/metrics").text
