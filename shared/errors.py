@@ -47,6 +47,14 @@ class ConfigError(PrefitError, ValueError):
     """A policy, strategy or setting was given an impossible value."""
 
 
+class ImplausibleObservation(PrefitError, ValueError):
+    """A calibration observation is out of bounds, or too far from a settled ratio; refused."""
+
+
+class WriteConflict(PrefitError):
+    """A write kept meeting a conversation changed under it; nothing was written."""
+
+
 class UnknownModel(PrefitError, LookupError):
     """A model has no configured window and the request gave none."""
 

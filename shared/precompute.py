@@ -81,9 +81,10 @@ class Outcome:
         return asdict(self)
 
 
-def counter_for(store: Store, model: str | None) -> TokenCounter:
-    """The API's counter (heuristic, calibrated by the shared Redis ratios), read once per job."""
-    return CalibratedCounter(_BASE_COUNTER, ratios=store.ratios).scaled(model)
+def counter_for(store: Store, tenant: str, model: str | None) -> TokenCounter:
+    """The API's counter (heuristic, calibrated by the tenant's Redis ratio of the model),
+    read once per job."""
+    return CalibratedCounter(_BASE_COUNTER, ratios=store.ratios.of(tenant)).scaled(model)
 
 
 def policy_for(job: SummaryJob, settings: Settings, counter: TokenCounter) -> ContextPolicy:
