@@ -23,7 +23,8 @@ from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
-from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.calibration import ScaledCounter
+from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.client import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, connect
@@ -76,7 +77,6 @@ class Services:
         self.lookup = RecordLookup(client)
         self.cache = ConversationCache(Increments(client))
         self.ratios = CachedRatios(self.store.ratios)
-        self.counter = CalibratedCounter(self.base, ratios=self.ratios)
         self.counter_id = counter_id(self.base)
         self.trigger = SummaryTrigger(
             self.store, self.enqueue, on_sent=self.metrics.sent, on_claimed=self.metrics.claimed
@@ -101,6 +101,18 @@ class Services:
             store=store if store is not None else Store.from_url(settings.redis_url, settings),
             enqueue=enqueue if enqueue is not None else CeleryEnqueue(settings),
         )
+
+    def scaled(self, tenant: str, model: str | None) -> ScaledCounter:
+        """The tenant's counter for `model`: its ratio read once (1.0 before any observation;
+        `StoreUnavailable` propagates: nothing counts with a guess)."""
+        return self.scaled_by(self.ratios.get(tenant, model))
+
+    def scaled_by(self, ratio: float | None) -> ScaledCounter:
+        """The base counter scaled by `ratio` (1.0 for None), kept within the rule's bounds."""
+        if ratio is None:
+            return ScaledCounter(self.base, 1.0)
+        low, high = self.store.ratios.rule.bounds
+        return ScaledCounter(self.base, min(max(ratio, low), high))
 
     def increments(self) -> AsyncIncrements:
         """Async incremental reads on this event loop's own Redis client (made on first use).

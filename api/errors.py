@@ -19,6 +19,7 @@ from api.logging import request_log
 from shared.errors import (
     ConfigError,
     DoesNotFit,
+    ImplausibleObservation,
     InvalidId,
     InvalidRequest,
     InvalidTranscript,
@@ -30,6 +31,7 @@ from shared.errors import (
     TooLarge,
     Unauthorized,
     UnknownModel,
+    WriteConflict,
 )
 from shared.logs import get_logger
 
@@ -46,9 +48,11 @@ STATUS: dict[type[PrefitError], int] = {
     UnknownModel: 422,
     ConfigError: 422,
     InvalidRequest: 422,
+    ImplausibleObservation: 422,
     TooLarge: 422,
     NotFound: 404,
     LengthMismatch: 409,
+    WriteConflict: 409,
     Unauthorized: 401,
     StoreUnavailable: 503,
     LLMError: 503,

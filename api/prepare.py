@@ -25,7 +25,7 @@ from api.payloads import incoming, incoming_tools, prepared_body
 from api.policies import Window, make_policy
 from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
 from shared.calibration import ScaledCounter
-from shared.errors import StoreUnavailable
+from shared.errors import InvalidRequest, StoreUnavailable
 from shared.hashing import prefix_hashes
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec, validate
@@ -49,7 +49,7 @@ class Preparer:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
         loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
         tools = incoming_tools(req.tools, format=req.format)
-        policy = make_policy(self.svc.settings, window, await self._counter(window.model))
+        policy = make_policy(self.svc.settings, window, await self._counter(tenant, window.model))
         _, tail = policy.regions(loaded.messages)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
             best = await run_in_threadpool(
@@ -92,11 +92,10 @@ class Preparer:
         tools = incoming_tools(req.tools, format=req.format)
         degraded = False
         try:
-            counter = await self._counter(window.model)
+            counter = await self._counter(tenant, window.model)
         except StoreUnavailable:
             degraded = True
-            last = self.svc.ratios.last_known(window.model)
-            counter = ScaledCounter(self.svc.base, last if last is not None else 1.0)
+            counter = self.svc.scaled_by(self.svc.ratios.last_known(tenant, window.model))
         policy = make_policy(self.svc.settings, window, counter)
         best = None
         hashes = None
@@ -120,20 +119,24 @@ class Preparer:
         _note(rec, report, degraded=degraded)
         return prepared_body(prepared.messages, report["tokens_after"], report, format=req.format)
 
-    async def observe(self, req: ObserveRequest) -> None:
+    async def observe(self, tenant: str, req: ObserveRequest) -> None:
+        """Fold the provider's count into the tenant's ratio of the model; an implausible
+        one is refused (`ImplausibleObservation`, shared/settling.py) and changes nothing."""
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
         estimated = self.svc.base.count(messages, tools, req.model)
-        await run_in_threadpool(
-            self.svc.counter.observe, req.model, estimated, req.actual_prompt_tokens
-        )
+        if estimated <= 0:
+            raise InvalidRequest("nothing to calibrate on: the messages and tools count 0 tokens")
+        observed = req.actual_prompt_tokens / estimated
+        await run_in_threadpool(self.svc.ratios.observe, tenant, req.model, observed)
 
     # --- helpers -------------------------------------------------------------------------
-    async def _counter(self, model: str) -> ScaledCounter:
-        """The request's counter: the model's ratio read once (from the 1 s cache if fresh)."""
-        if self.svc.ratios.fresh(model):
-            return self.svc.counter.scaled(model)
-        scaled: ScaledCounter = await run_in_threadpool(self.svc.counter.scaled, model)
+    async def _counter(self, tenant: str, model: str) -> ScaledCounter:
+        """The request's counter: the tenant's ratio of the model read once (from the 1 s
+        cache if fresh)."""
+        if self.svc.ratios.fresh(tenant, model):
+            return self.svc.scaled(tenant, model)
+        scaled: ScaledCounter = await run_in_threadpool(self.svc.scaled, tenant, model)
         return scaled
 
     @staticmethod

@@ -180,7 +180,7 @@ async def prepare_messages(
 async def observe(request: Request, body: ObserveRequest, tenant: Tenant, svc: Svc) -> Response:
     """Calibrate on the provider's own prompt-token count for what was sent."""
     _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
-    await Preparer(svc).observe(body)
+    await Preparer(svc).observe(tenant, body)
     return Response(status_code=204)
 
 

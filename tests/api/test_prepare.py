@@ -203,15 +203,17 @@ def test_stateless_prepare_finds_the_tenants_summary_by_content(
     assert report["summary"]["upto"] == 19
 
 
-def test_observe_calibrates_the_shared_ratio(client: TestClient, store: Store, model: str) -> None:
-    """observe feeds the model's Redis ratio: later counts scale by it."""
+def test_observe_calibrates_the_tenants_ratio(
+    client: TestClient, store: Store, tenant: str, model: str
+) -> None:
+    """observe feeds the tenant's Redis ratio of the model: later counts scale by it."""
     msgs = chat(2)
     estimated = HeuristicCounter().count(msgs)
     r = client.post(
         "/v1/observe", json={**body(msgs, model), "actual_prompt_tokens": 2 * estimated}
     )
     assert r.status_code == 204
-    calibration = store.ratios.calibration(model)
+    calibration = store.ratios.calibration(tenant, model)
     assert calibration is not None and calibration.ratio == 2.0
     time.sleep(1.05)  # the API caches ratios for a second
     data = client.post("/v1/prepare", json=body(msgs, model)).json()
