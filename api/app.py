@@ -4,6 +4,9 @@ Building the app reads settings and API keys but connects to nothing: Redis and 
 are reached on the first request. With no API keys configured the service runs in open
 mode (one tenant, `local`) and must listen on loopback only: `requires_loopback(settings)`
 says so to the CLI, which enforces the bind, and start-up logs a warning.
+
+Middleware, outermost first: the request logger (sees every answer), the request deadline
+(api/deadline.py), the body-size limit.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from fastapi import FastAPI
 
 from api import errors, routes
 from api.auth import LOCAL_TENANT
+from api.deadline import RequestDeadline
 from api.deps import Services
 from api.enqueue import Enqueue
 from api.limits import BodyLimit
@@ -79,6 +83,7 @@ def create_app(
     errors.install(app)
     app.include_router(routes.router)
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
+    app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
     app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s
     return app
 

@@ -12,6 +12,8 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from pydantic import SecretStr
+
 from shared import keys
 from shared.errors import ConfigError, InvalidId, Unauthorized
 
@@ -80,3 +82,15 @@ class KeyRing:
         if found is None:
             raise Unauthorized("invalid API key")
         return found
+
+
+def metrics_access(token: SecretStr | None, authorization: str | None) -> bool:
+    """Whether a scrape may see per-tenant series: only with `PREFIT_METRICS_TOKEN` as its
+    bearer token. Without a header it sees aggregates; a wrong token is `Unauthorized`."""
+    if token is None or not authorization:
+        return False
+    scheme, _, presented = authorization.strip().partition(" ")
+    expected = _digest(token.get_secret_value())
+    if scheme.lower() != SCHEME or not hmac.compare_digest(expected, _digest(presented.strip())):
+        raise Unauthorized("invalid metrics token (PREFIT_METRICS_TOKEN)")
+    return True

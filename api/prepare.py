@@ -6,6 +6,11 @@ cheap strategies and DropOldest. When the report says a summary is due and not r
 `wait_ms` for it, polling the record index (one small Lua call per poll), then prepares
 again. A stateless prepare needs Redis only for the calibration ratio and a summary of the
 same prefix; without Redis it still answers, from the cheap strategies, marked `degraded`.
+
+A stored prepare gives Redis half the request deadline to answer (api/deadline.py). If it
+does not, or is down, and this process has the conversation cached, the answer is made from
+that snapshot (and the last ratio and best record seen), marked `degraded`: it may miss
+messages appended through other replicas meanwhile. Otherwise it is 503 `StoreUnavailable`.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
 from api.cache import Loaded
+from api.deadline import clock_of, within
 from api.deps import Services
 from api.enqueue import Claim, size_step
 from api.logging import RequestLog
@@ -44,29 +51,40 @@ class Preparer:
         self.svc = svc
 
     async def stored(
-        self, tenant: str, conv_id: str, req: PrepareStoredRequest, window: Window, rec: RequestLog
+        self,
+        tenant: str,
+        conv_id: str,
+        req: PrepareStoredRequest,
+        window: Window,
+        rec: RequestLog,
+        request: Request | None = None,
     ) -> tuple[bytes, Claim | None]:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
-        loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
         tools = incoming_tools(req.tools, format=req.format)
-        policy = make_policy(self.svc.settings, window, await self._counter(tenant, window.model))
+        loaded, best, counter, degraded = await self._stored_state(tenant, conv_id, window)
+        policy = make_policy(self.svc.settings, window, counter)
         _, tail = policy.regions(loaded.messages)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
-            best = await run_in_threadpool(
-                self.svc.store.records.best, tenant, conv_id, upto_max=tail
-            )
+            best = None
+            if not degraded:
+                best = await run_in_threadpool(
+                    self.svc.store.records.best, tenant, conv_id, upto_max=tail
+                )
         prepared = await self._prepare(
             policy, loaded.messages, tools, window, best, req.pressure, loaded.hashes
         )
         report = _report(prepared)
         claim = None
-        if report["stale"]:
+        if report["stale"] and not degraded:
             wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
             extra = self.svc.base.count_tools(tools, window.model)
             step = size_step(report["tokens_before"], report["budget"])
             claim = await self._claim(tenant, conv_id, loaded, window, best, rec, extra, step)
             newer = None
             if wait > 0:
+                clock = clock_of(request) if request is not None else None
+                if clock is not None:  # the client asked to wait: not Redis being slow
+                    clock.extend(wait / 1000)
                 if claim is not None:  # sent now: the wait is for its result
                     await run_in_threadpool(self.svc.trigger.send, claim)
                     claim = None
@@ -78,22 +96,45 @@ class Preparer:
                 report = _report(prepared)
             if rec.waited_ms is not None:
                 report["waited_ms"] = rec.waited_ms
-        report["degraded"] = False
-        _note(rec, report, degraded=False)
+        report["degraded"] = degraded
+        _note(rec, report, degraded=degraded)
         body = prepared_body(
             prepared.messages, report["tokens_after"], report, format=req.format, loaded=loaded
         )
         return body, claim
+
+    async def _stored_state(
+        self, tenant: str, conv_id: str, window: Window
+    ) -> tuple[Loaded, SummaryRecord | None, ScaledCounter, bool]:
+        """The conversation, its best record and the tenant's counter, from Redis within
+        half the deadline; else from this process's cache, degraded (True)."""
+
+        async def read() -> tuple[Loaded, SummaryRecord | None, ScaledCounter]:
+            loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
+            return loaded, best, await self._counter(tenant, window.model)
+
+        try:
+            loaded, best, counter = await within(read(), self.svc.settings.request_deadline_s / 2)
+            return loaded, best, counter, False
+        except (StoreUnavailable, TimeoutError) as exc:
+            cached = self.svc.cache.peek(tenant, conv_id)
+            if cached is None:
+                if isinstance(exc, StoreUnavailable):
+                    raise
+                raise StoreUnavailable("redis did not answer in time") from exc
+            last = self.svc.ratios.last_known(tenant, window.model)
+            return cached[0], cached[1], self.svc.scaled_by(last), True
 
     async def stateless(
         self, tenant: str, req: PrepareRequest, window: Window, rec: RequestLog
     ) -> bytes:
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
+        until = time.monotonic() + self.svc.settings.request_deadline_s / 2  # Redis's share
         degraded = False
         try:
-            counter = await self._counter(tenant, window.model)
-        except StoreUnavailable:
+            counter = await within(self._counter(tenant, window.model), until - time.monotonic())
+        except (StoreUnavailable, TimeoutError):
             degraded = True
             counter = self.svc.scaled_by(self.svc.ratios.last_known(tenant, window.model))
         policy = make_policy(self.svc.settings, window, counter)
@@ -102,8 +143,9 @@ class Preparer:
         if not degraded and self._over(policy, messages, tools, window, req.pressure):
             hashes = prefix_hashes(messages)
             try:
-                best = await self._same_prefix(tenant, policy, messages, hashes)
-            except StoreUnavailable:
+                found = self._same_prefix(tenant, policy, messages, hashes)
+                best = await within(found, until - time.monotonic())
+            except (StoreUnavailable, TimeoutError):
                 degraded = True
         book = SummaryBook([best]) if best is not None else None
         prepared = await policy.prepare(

@@ -7,15 +7,19 @@ event loop (health checks keep answering).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Path, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import metrics_access
 from api.conversations import Conversations, Sizes
+from api.deadline import within
 from api.deps import Services, get_services, get_tenant
 from api.errors import RETRY_AFTER_S
 from api.limits import check_sizes
@@ -158,7 +162,7 @@ async def prepare_conversation(
     rec.conversation_id = conversation_id
     _limit(svc, tools=body.tools)
     window = resolve_window(svc.settings, body.model, body.max_input_tokens)
-    content, claim = await Preparer(svc).stored(tenant, conversation_id, body, window, rec)
+    content, claim = await Preparer(svc).stored(tenant, conversation_id, body, window, rec, request)
     if claim is not None:
         background.add_task(svc.trigger.send, claim)
     return Response(content, media_type=JSON, background=background)
@@ -192,9 +196,11 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"model": ErrorResponse}})
 async def readyz(svc: Svc) -> Response:
-    """Readiness: Redis and the broker answer."""
-    redis_ok = await run_in_threadpool(svc.store.ping)
-    broker_ok = await run_in_threadpool(_ping, svc)
+    """Readiness: Redis and the broker answer (within half the request deadline)."""
+    limit = svc.settings.request_deadline_s / 2
+    redis_ok, broker_ok = await asyncio.gather(
+        _probe(svc.store.ping, limit), _probe(partial(_ping, svc), limit)
+    )
     body: dict[str, Any] = {"redis": redis_ok, "broker": broker_ok}
     if redis_ok and broker_ok:
         return Response(_dumps({"status": "ok", **body}), media_type=JSON)
@@ -208,11 +214,26 @@ async def readyz(svc: Svc) -> Response:
     )
 
 
-@router.get("/metrics")
-async def metrics(svc: Svc) -> Response:
-    """Prometheus metrics."""
-    content = await run_in_threadpool(svc.metrics.render)
+@router.get("/metrics", responses={401: {"model": ErrorResponse}})
+async def metrics(request: Request, svc: Svc) -> Response:
+    """Prometheus metrics; per-tenant series only with `Bearer <PREFIT_METRICS_TOKEN>`."""
+    token = svc.settings.metrics_token
+    render = partial(
+        svc.metrics.render, per_tenant=metrics_access(token, request.headers.get("authorization"))
+    )
+    try:  # Redis gets half the deadline; past it the store is reported down
+        content = await within(run_in_threadpool(render), svc.settings.request_deadline_s / 2)
+    except TimeoutError:
+        content = render(store=False)
     return Response(content, media_type=CONTENT_TYPE_LATEST)
+
+
+async def _probe(ping: Callable[[], bool], limit: float) -> bool:
+    """`ping()` in the threadpool; False if it fails or takes longer than `limit` seconds."""
+    try:
+        return await within(run_in_threadpool(ping), limit)
+    except TimeoutError:
+        return False
 
 
 def _ping(svc: Services) -> bool:

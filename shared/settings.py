@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     max_messages: int = 20_000
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0
+    request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this
+    metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
 
     # misc
     tiktoken_dir: Path | None = None
