@@ -19,6 +19,7 @@ from api.logging import request_log
 from shared.errors import (
     ConfigError,
     DoesNotFit,
+    Forbidden,
     ImplausibleObservation,
     InvalidId,
     InvalidRequest,
@@ -54,6 +55,7 @@ STATUS: dict[type[PrefitError], int] = {
     LengthMismatch: 409,
     WriteConflict: 409,
     Unauthorized: 401,
+    Forbidden: 403,
     StoreUnavailable: 503,
     LLMError: 503,
 }

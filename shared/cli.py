@@ -81,11 +81,11 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 def _up(ns: argparse.Namespace, settings: Settings) -> int:
     host = ns.host or settings.host
-    if settings.open_access and host not in LOOPBACK:
+    if settings.open_access and not settings.allow_open and host not in LOOPBACK:
         print(
             f"prefit up: refusing to listen on {host} with no PREFIT_API_KEYS: without keys the "
             "service serves one local tenant to anyone who can reach it; set PREFIT_API_KEYS "
-            "(tenant:key,...) or bind to 127.0.0.1",
+            "(tenant:key,...), bind to 127.0.0.1, or opt in with PREFIT_ALLOW_OPEN=true",
             file=sys.stderr,
         )
         return 2

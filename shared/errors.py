@@ -84,6 +84,10 @@ class Unauthorized(PrefitError):
     """A request carried no API key, or one that matches no tenant."""
 
 
+class Forbidden(PrefitError):
+    """The request may not be served here (open mode reached on a non-loopback address)."""
+
+
 class TooLarge(PrefitError):
     """A request exceeds a configured size limit."""
 

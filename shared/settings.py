@@ -85,6 +85,7 @@ class Settings(BaseSettings):
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0
     request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this
+    allow_open: bool = False  # open mode (no API keys) on a non-loopback address
     metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
 
     # misc
