@@ -142,7 +142,8 @@ async def _answer_503(send: Send, seconds: float) -> None:
     error = {
         "type": "StoreUnavailable",
         "message": f"no answer within the {seconds:g} s request deadline (Redis slow or "
-        "unreachable); a write may or may not have landed: retry (appends with expected_length)",
+        "unreachable, or a request too large for PREFIT_REQUEST_DEADLINE_S); a write may or "
+        "may not have landed: retry (appends with expected_length)",
     }
     body = json.dumps({"error": error}).encode()
     headers = [

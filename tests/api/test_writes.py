@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from itertools import accumulate
 from typing import Any
 
@@ -23,6 +22,7 @@ from shared.summaries import SummaryRecord
 from tests.api.conftest import key_of
 from tests.api.helpers import assistant, body, call, chat, conv_id, result, user
 from tests.api.server import serve
+from tests.shared.store.helpers import run_threads
 
 THREADS, APPENDS = 20, 10
 
@@ -47,24 +47,15 @@ def assert_consistent(store: Store, tenant: str, cid: str) -> list[dict[str, Any
 
 def run_writers(url: str, tenant: str, work: Any) -> list[int]:
     """Run `work(client, i)` on THREADS threads at once; every status they saw."""
-    statuses: list[int] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(THREADS)
 
-    def target(i: int) -> None:
+    def one(i: int) -> list[int]:
         headers = {"Authorization": f"Bearer {key_of(tenant)}"}
         with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
-            barrier.wait()
-            for status in work(c, i):
-                with lock:
-                    statuses.append(status)
+            found: list[int] = work(c, i)
+            return found
 
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return statuses
+    results: list[Any] = run_threads(one, THREADS)
+    return [status for statuses in results for status in statuses]
 
 
 def test_concurrent_appends_without_expected_length_all_land(
