@@ -19,32 +19,21 @@ per state.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import accumulate
 
 from api.deps import Services
-from api.enqueue import Claim, size_step
 from api.payloads import incoming, incoming_tools, validate_appended
-from api.policies import Window, make_policy
+from api.policies import Window
 from api.schemas import AppendRequest, ConversationInfo, ReplaceRequest, SummaryInfo
-from api.views import View, context_start, is_bound, read_view, tail_start
-from shared.calibration import ScaledCounter, scale
-from shared.errors import (
-    InvalidTranscript,
-    LengthMismatch,
-    NotFound,
-    StoreUnavailable,
-    WriteConflict,
-)
+from api.sizes import Sizes, Sizing
+from api.views import View, context_start, is_bound, tail_start
+from shared.calibration import scale
+from shared.errors import InvalidTranscript, LengthMismatch, NotFound, WriteConflict
 from shared.hashing import prefix_hashes
-from shared.jobs import SummaryJob
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec, head_end, validate
-from shared.policy import State
-from shared.store.writes import Append, Replacement, Written
-from shared.summaries import SummaryRecord
-from shared.summarize import summary_message
+from shared.store.writes import Append, Replacement
 
 log = get_logger(__name__)
 
@@ -52,32 +41,7 @@ log = get_logger(__name__)
 # another writer's append landed, so this bounds a pathological stream, not normal traffic.
 MAX_REVALIDATIONS = 64
 
-# (upto, head) -> base tokens of the first `upto` and of the first `head` messages
-Cum = Callable[[int, int], tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """A stored conversation's size now, and where it stands against the trigger."""
-
-    length: int
-    tokens: int
-    effective_tokens: int
-    state: State
-    best: SummaryRecord | None
-    claim: Claim | None = None  # a summary job to send once the answer is out
-
-
-@dataclass(frozen=True)
-class Measure:
-    """What sizing a conversation needs: its end, token total, head and best record."""
-
-    length: int
-    last_hash: str
-    total: int
-    head: int
-    best: SummaryRecord | None
-    cum: Cum
+__all__ = ["Conversations", "Sizes"]
 
 
 class Conversations:
@@ -87,17 +51,7 @@ class Conversations:
         self.svc = svc
         self.base = svc.base
         self.writes = svc.store.conversations.writes
-
-    def _view(self, tenant: str, conv_id: str) -> View:
-        """The conversation's tip and token total, as `read_view` reads it for this service."""
-        return read_view(
-            self.svc.tally,
-            tenant,
-            conv_id,
-            counter=self.base,
-            counter_id=self.svc.counter_id,
-            keep_recent=self.svc.settings.keep_recent,
-        )
+        self.sizing = Sizing(svc)
 
     # --- writes --------------------------------------------------------------------------
     def append(self, tenant: str, conv_id: str, req: AppendRequest, window: Window) -> Sizes:
@@ -106,7 +60,7 @@ class Conversations:
         tools = incoming_tools(req.tools, format=req.format)
         scaled = self.svc.scaled(tenant, window.model)
         for _ in range(MAX_REVALIDATIONS):
-            view = self._view(tenant, conv_id)
+            view = self.sizing.view(tenant, conv_id)
             new = self._checked(view, req)
             head = head_end([*view.window, *new]) if view.offset == 0 else view.head_end
             done = self.writes.append(tenant, conv_id, self._plan(view, new, head, req, window))
@@ -123,7 +77,7 @@ class Conversations:
         self.svc.cache.appended(
             tenant, conv_id, old_length=done.old_length, old_hash=done.old_hash, messages=new
         )
-        return self._sized(tenant, conv_id, window, scaled, tools, done, head)
+        return self.sizing.after(tenant, conv_id, window, scaled, tools, done, head)
 
     def replace(self, tenant: str, conv_id: str, req: ReplaceRequest, window: Window) -> Sizes:
         """PUT: the request's transcript becomes the conversation (see `sync`)."""
@@ -175,7 +129,7 @@ class Conversations:
                 )
                 done = self.writes.replace(tenant, conv_id, whole)
                 self.svc.cache.drop(tenant, conv_id)
-                return self._sized(tenant, conv_id, window, scaled, tools, done, head)
+                return self.sizing.after(tenant, conv_id, window, scaled, tools, done, head)
             new = messages[k:]
             counts_new = [self.base.count_message(m) for m in new]
             grow = Append(
@@ -198,7 +152,7 @@ class Conversations:
                 self.svc.cache.appended(
                     tenant, conv_id, old_length=k, old_hash=tip.last_hash, messages=new
                 )
-                return self._sized(tenant, conv_id, window, scaled, tools, done, head)
+                return self.sizing.after(tenant, conv_id, window, scaled, tools, done, head)
         raise WriteConflict(_conflict(conv_id))
 
     def delete(self, tenant: str, conv_id: str) -> bool:
@@ -243,13 +197,13 @@ class Conversations:
 
     # --- reads ---------------------------------------------------------------------------
     def info(self, tenant: str, conv_id: str) -> ConversationInfo:
-        view = self._view(tenant, conv_id)
+        view = self.sizing.view(tenant, conv_id)
         if not view.exists:
             raise NotFound(f"conversation {conv_id!r} not found")
         records = self.svc.store.records.list(tenant, conv_id)
-        m = self._measured(tenant, conv_id, view)
+        m = self.sizing.measured(tenant, conv_id, view)
         ratio = self.svc.scaled(tenant, view.model).ratio
-        effective = self._effective(m)
+        effective = self.sizing.effective(m)
         extra = self.base.count([], (), view.model)  # priming
         now = time.time()
         return ConversationInfo(
@@ -269,81 +223,6 @@ class Conversations:
                 for r in records
             ],
         )
-
-    # --- sizes ---------------------------------------------------------------------------
-    def _sized(
-        self,
-        tenant: str,
-        conv_id: str,
-        window: Window,
-        scaled: ScaledCounter,
-        tools: Sequence[ToolSpec],
-        done: Written,
-        head: int,
-    ) -> Sizes:
-        """Sizes after a write: from what the write measured, else from a fresh read (the
-        append landed after other writers', or the tally had to be dropped)."""
-        if done.measured and done.total is not None:
-            at: Cum = lambda upto, h: (done.tokens_upto, done.tokens_head)  # noqa: E731
-            m = Measure(done.length, done.last_hash, done.total, head, done.best, at)
-        else:
-            m = self._measured(tenant, conv_id, self._view(tenant, conv_id))
-        return self._measure(tenant, conv_id, window, scaled, tools, m)
-
-    def _measured(self, tenant: str, conv_id: str, view: View) -> Measure:
-        """The `Measure` of a conversation as `view` shows it (two more reads)."""
-        if not view.exists:
-            raise NotFound(f"conversation {conv_id!r} not found")
-        keep = self.svc.settings.keep_recent
-        tail = tail_start(view.window, view.offset, view.head_end, keep) or view.head_end
-        best = self.svc.store.records.best(tenant, conv_id, upto_max=tail)
-
-        def at(upto: int, head: int) -> tuple[int, int]:
-            found = self.svc.tally.at(tenant, conv_id, [upto, head])
-            return found[0], found[1]
-
-        return Measure(view.length, view.last_hash, view.total, view.head_end, best, at)
-
-    def _measure(
-        self,
-        tenant: str,
-        conv_id: str,
-        window: Window,
-        scaled: ScaledCounter,
-        tools: Sequence[ToolSpec],
-        m: Measure,
-    ) -> Sizes:
-        extra = self.base.count([], tools, window.model)  # tool specs + priming
-        tokens = scale(scaled.ratio, m.total + extra)
-        effective = scale(scaled.ratio, self._effective(m) + extra)
-        policy = make_policy(self.svc.settings, window, scaled)
-        state = policy.state(effective, window.model)
-        claim = None
-        if state != "under":
-            extra_tools = self.base.count_tools(tools, window.model)
-            job = window.job(tenant, conv_id, m.length, m.last_hash, extra_tools)
-            claim = self._claim(job, m.best, size_step(effective, policy.budget(window.model)))
-        return Sizes(m.length, tokens, effective, state, m.best, claim)
-
-    def _effective(self, m: Measure) -> int:
-        """Base tokens of [head][summary][rest], as `ContextPolicy.effective_tokens` counts."""
-        if m.best is None or m.best.upto <= m.head:
-            return m.total
-        upto_tokens, head_tokens = m.cum(m.best.upto, m.head)
-        summary = self.base.count_message(summary_message(m.best, m.head))
-        return m.total - upto_tokens + head_tokens + summary
-
-    def _claim(self, job: SummaryJob, best: SummaryRecord | None, step: int) -> Claim | None:
-        try:
-            return self.svc.trigger.claim(job, "ahead", best, step=step)
-        except StoreUnavailable as exc:  # the append is stored; the next trigger asks again
-            log.warning(
-                "summary.trigger_failed",
-                tenant=job.tenant,
-                conversation_id=job.conversation_id,
-                error=type(exc).__name__,
-            )
-            return None
 
 
 def _conflict(conv_id: str) -> str:
