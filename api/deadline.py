@@ -141,6 +141,7 @@ def _note(scope: Scope) -> None:
 async def _answer_503(send: Send, seconds: float) -> None:
     error = {
         "type": "StoreUnavailable",
+        "outcome": "unknown",  # the late work may still land: clients retry idempotent calls only
         "message": f"no answer within the {seconds:g} s request deadline (Redis slow or "
         "unreachable, or a request too large for PREFIT_REQUEST_DEADLINE_S); a write may or "
         "may not have landed: retry (appends with expected_length)",

@@ -307,3 +307,19 @@ def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPatch) ->
     asyncio.run(scenario())
     assert len(waited) == 1
     assert "Authorization" not in rec.requests[0].headers
+
+
+def test_a_503_whose_outcome_is_unknown_is_not_repeated_for_a_plain_append(
+    sleeps: list[float],
+) -> None:
+    """The request deadline's 503 may still land: a plain append is not sent twice, while an
+    append stating expected_length (a repeat is refused, not applied) is retried."""
+    late = _error(503, "StoreUnavailable", "no answer within the deadline", outcome="unknown")
+    rec = Recorder(late)
+    with _client(rec) as c, pytest.raises(StoreUnavailable, match="deadline"):
+        c.append("c1", [], model="m")
+    assert len(rec.requests) == 1 and sleeps == []
+    rec = Recorder(late, httpx.Response(200, json=APPENDED))
+    with _client(rec) as c:
+        assert c.append("c1", [], model="m", expected_length=2).length == 3
+    assert len(rec.requests) == 2
