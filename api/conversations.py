@@ -18,12 +18,13 @@ from api.enqueue import Claim, size_step
 from api.payloads import incoming, incoming_tools, validate_appended
 from api.policies import Window, make_policy
 from api.schemas import AppendRequest, ConversationInfo, ReplaceRequest, SummaryInfo
-from api.views import View, context_start, read_view, tail_start
+from api.views import View, context_start, kept_head_end, read_view, tail_start
 from shared.calibration import ScaledCounter, scale
 from shared.errors import InvalidTranscript, LengthMismatch, NotFound, StoreUnavailable
+from shared.head import head_end
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
-from shared.messages import ToolSpec, head_end, validate
+from shared.messages import ToolSpec, validate
 from shared.policy import State
 from shared.store.chain import EMPTY, extend_chain
 from shared.summaries import SummaryRecord
@@ -102,6 +103,9 @@ class Conversations:
             raise StoreUnavailable(f"append kept racing other writers ({RACE_ATTEMPTS} attempts)")
         full = [*view.window, *new]
         head = head_end(full) if view.offset == 0 else view.head_end
+        # the first user message may still be to come: then store a head end the next
+        # reader recounts from (see `views.kept_head_end`)
+        kept_head = kept_head_end(full, length) if view.offset == 0 else head
         tail = tail_start(full, view.offset, head, self.svc.settings.keep_recent) or head
         new_hash = extend_chain(view.last_hash, new)[-1] if new else view.last_hash
         ext = self.svc.tally.extend(
@@ -111,7 +115,7 @@ class Conversations:
             old_hash=view.last_hash,
             old_length=view.length,
             new_hash=new_hash,
-            head_end=head,
+            head_end=kept_head,
             cumulative=cumulative[1:],
             upto_max=tail,
         )
@@ -151,7 +155,7 @@ class Conversations:
             conv_id,
             counter=self.svc.counter_id,
             last_hash=last_hash,
-            head_end=head,
+            head_end=kept_head_end(messages, length),
             cumulative=cumulative[1:],
         )
         tail = tail_start(messages, 0, head, self.svc.settings.keep_recent) or head

@@ -299,8 +299,10 @@ def test_real_transcript_turn_by_turn_matches_the_policy(
         cut += 1
     record = SummaryRecord(cut, prefix_hash(msgs[:cut]), "a summary " * 30)
     store.records.put(tenant, cid, record)
-    extra = user("thanks")
-    r = append(client, cid, [extra], model, **window)
+    calls = msgs[-1].get("tool_calls") or []  # a trailing call in flight is answered first
+    extra = [{"role": "tool", "tool_call_id": c["id"], "content": "done"} for c in calls]
+    extra.append(user("thanks"))
+    r = append(client, cid, extra, model, **window)
     p = ContextPolicy(1_000_000, counter=HeuristicCounter())
-    expected = p.effective_tokens([*msgs, extra], book=SummaryBook([record]))
+    expected = p.effective_tokens([*msgs, *extra], book=SummaryBook([record]))
     assert r.json()["effective_tokens"] == expected

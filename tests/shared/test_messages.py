@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidTranscript
-from shared.messages import groups, head_end, validate
+from shared.head import head_end
+from shared.messages import groups, validate
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 
 

@@ -230,8 +230,11 @@ def test_bad_inputs_raise_typed_errors() -> None:
     with pytest.raises(ConfigError):
         ContextPolicy(4000, reserve_output=4096)
     windows = {"gpt": 8000}
+    hello = [{"role": "user", "content": "hello"}]
     with pytest.raises(UnknownModel, match="'other'"):
-        run(ContextPolicy(lambda m: windows[m or ""]).prepare([], model="other"))
+        run(ContextPolicy(lambda m: windows[m or ""]).prepare(hello, model="other"))
+    with pytest.raises(InvalidTranscript, match="empty"):
+        run(policy.prepare([]))
 
 
 def test_keep_first_user_can_be_turned_off() -> None:

@@ -11,6 +11,7 @@ import pytest
 from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
 from shared.errors import DoesNotFit
 from shared.hashing import prefix_hashes
+from shared.messages import groups
 from shared.policy import ContextPolicy
 from shared.summaries import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
@@ -72,7 +73,8 @@ def test_record_reused_only_when_prefix_matches(path: Path) -> None:
     else:
         assert used.messages == messages  # under the trigger nothing changes
     edited = [*messages[:head], {**messages[head], "content": "edited"}, *messages[head + 1 :]]
-    for variant in (edited, messages[: upto - 1] + messages[upto:]):
+    last = next(a for a, b in groups(messages) if b == upto)  # the turn group ending at upto
+    for variant in (edited, messages[:last] + messages[upto:]):
         try:
             other = asyncio.run(policy.prepare(variant, tools=tools, book=SummaryBook([record])))
         except DoesNotFit:
