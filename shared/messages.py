@@ -67,14 +67,13 @@ def validate(transcript: Any) -> list[Message]:
 
 @dataclass(frozen=True, slots=True)
 class Open:
-    """Tool calls still unanswered after a prefix: those of the assistant message at `at`.
+    """Tool calls of the last assistant message that called tools, and those not answered.
 
     Providers require every call of an assistant message to be answered by the tool results
     right after it, once each. Only the calls of the transcript's last turn may still be open
     (the calls are in flight).
     """
 
-    at: int
     calls: frozenset[str]  # every call id of that message
     left: frozenset[str]  # those not answered yet
 
@@ -83,7 +82,7 @@ def validate_from(msgs: list[Message], start: int, pending: Open | None) -> Open
     """Check `msgs[start:]`, given the calls still open at `start`; return those at the end."""
     for i in range(start, len(msgs)):
         m = msgs[i]
-        fast = _fast(m, pending, i)  # the common shapes, checked in a few C-level operations
+        fast = _fast(m, pending)  # the common shapes, checked in a few C-level operations
         if fast is not _SLOW:
             pending = fast
             continue
@@ -105,7 +104,7 @@ _CALLER_KEYS = frozenset({"role", "content", "tool_calls"})
 _CALL_KEYS = frozenset({"id", "type", "function"})
 
 
-def _fast(m: Any, pending: Open | None, i: int) -> Any:
+def _fast(m: Any, pending: Open | None) -> Any:
     """The new open calls after a message of a common, valid shape; `_SLOW` for anything else."""
     if type(m) is not dict:
         return _SLOW
@@ -117,7 +116,7 @@ def _fast(m: Any, pending: Open | None, i: int) -> Any:
         ok = type(content) is str and type(call_id) is str and m.keys() <= _TOOL_KEYS
         ok = ok and type(m.get("name", "")) is str
         if ok and pending is not None and call_id in pending.left:
-            return Open(pending.at, pending.calls, pending.left - {call_id})
+            return Open(pending.calls, pending.left - {call_id})
         return _SLOW
     calls = m.get("tool_calls")
     if role != "assistant" or type(calls) is not list or not calls:
@@ -141,7 +140,7 @@ def _fast(m: Any, pending: Open | None, i: int) -> Any:
     if len(ids) < len(calls):
         return _SLOW  # the same id twice in one message: the slow path says so
     frozen = frozenset(ids)
-    return Open(i, frozen, frozen)
+    return Open(frozen, frozen)
 
 
 def _answer(m: Message, i: int, pending: Open | None) -> Open:
@@ -153,7 +152,7 @@ def _answer(m: Message, i: int, pending: Open | None) -> Open:
     if not isinstance(tool_call_id, str) or not tool_call_id:
         raise InvalidTranscript("tool message needs a non-empty string 'tool_call_id'", i)
     if tool_call_id in pending.left:
-        return Open(pending.at, pending.calls, pending.left - {tool_call_id})
+        return Open(pending.calls, pending.left - {tool_call_id})
     if tool_call_id in pending.calls:
         raise InvalidTranscript(
             f"tool_call_id {tool_call_id!r} was already answered (a call gets one result)", i
@@ -169,14 +168,14 @@ def _calls(calls: list[Any], i: int) -> Open:
         twice = next(x for x in ids if ids.count(x) > 1)
         raise InvalidTranscript(f"tool call id {twice!r} appears twice in one message", i)
     frozen = frozenset(ids)
-    return Open(i, frozen, frozen)
+    return Open(frozen, frozen)
 
 
 def _unanswered(pending: Open, i: int) -> InvalidTranscript:
     left = ", ".join(repr(c) for c in sorted(pending.left))
     return InvalidTranscript(
-        f"tool call(s) {left} of message {pending.at} were never answered: an assistant "
-        "message with tool_calls must be followed by the results of all its calls",
+        f"tool call(s) {left} were never answered: an assistant message with tool_calls "
+        "must be followed by the results of all its calls",
         i,
     )
 

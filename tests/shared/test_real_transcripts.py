@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
 from shared.errors import DoesNotFit
 from shared.hashing import prefix_hashes
-from shared.messages import groups
+from shared.messages import Message, ToolSpec, groups
 from shared.policy import ContextPolicy
 from shared.summaries import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
@@ -21,11 +22,25 @@ WINDOWS = (8_000, 16_000, 32_000, 128_000)
 pytestmark = needs_transcripts
 
 
-@pytest.fixture(scope="module", params=["heuristic", "tiktoken"])
+class CountOnlyTiktoken:
+    """A counter as a user writes it from the reference: `count` and nothing else."""
+
+    def __init__(self, directory: Path) -> None:
+        self._exact = TiktokenCounter(directory=directory)
+
+    def count(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
+    ) -> int:
+        return self._exact.count(messages, tools, model)
+
+
+@pytest.fixture(scope="module", params=["heuristic", "tiktoken", "count-only"])
 def counter(request: pytest.FixtureRequest) -> TokenCounter:
     if request.param == "heuristic":
         return HeuristicCounter()
     tiktoken_dir: Path = request.getfixturevalue("tiktoken_dir")
+    if request.param == "count-only":
+        return CountOnlyTiktoken(tiktoken_dir)
     return TiktokenCounter(directory=tiktoken_dir)
 
 
