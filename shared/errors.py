@@ -28,6 +28,7 @@ class DoesNotFit(PrefitError):
         head_tokens: int,
         tail_tokens: int,
         tools_tokens: int = 0,
+        other_tokens: int = 0,
         floor_chars: int | None = None,
     ) -> None:
         self.tokens = tokens
@@ -35,6 +36,7 @@ class DoesNotFit(PrefitError):
         self.head_tokens = head_tokens
         self.tail_tokens = tail_tokens
         self.tools_tokens = tools_tokens
+        self.other_tokens = other_tokens  # what else was kept: a summary, drop markers
         self.floor_chars = floor_chars
         shortened = (
             f", even with every tool output there cut to {floor_chars} characters"
@@ -44,7 +46,7 @@ class DoesNotFit(PrefitError):
         super().__init__(
             f"cannot fit: {tokens} tokens after every strategy, budget {budget} (head "
             f"{head_tokens} + recent turns {tail_tokens} + tool specs {tools_tokens} tokens "
-            f"cannot be cut{shortened})"
+            f"cannot be cut{shortened}; summary and markers {other_tokens})"
         )
 
 

@@ -62,13 +62,16 @@ def does_not_fit(work: Work, after: int, floor_chars: int) -> DoesNotFit:
     tool outputs there shortened to `floor_chars`)."""
     work.align()
     count = work.counter.count
-    head = [m for m, o in zip(work.messages, work.origin, strict=True) if work.head.protects(o)]
-    tail = [m for m, o in zip(work.messages, work.origin, strict=True) if o >= work.tail_start]
+    kept = list(zip(work.messages, work.origin, strict=True))
+    head = [m for m, o in kept if work.head.protects(o)]
+    tail = [m for m, o in kept if o >= work.tail_start]
+    other = [m for m, o in kept if not work.head.protects(o) and o < work.tail_start]
     return DoesNotFit(
         tokens=after,
         budget=work.limits.budget,
         head_tokens=count(head, (), work.model),
         tail_tokens=count(tail, (), work.model),
         tools_tokens=work.counter.count_tools(work.tools, work.model),
+        other_tokens=count(other, (), work.model) if other else 0,
         floor_chars=floor_chars,
     )

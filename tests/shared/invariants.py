@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from shared.counting import TokenCounter
+from shared.errors import DoesNotFit
 from shared.messages import Message, groups, validate
 from shared.policy import ContextPolicy, Prepared
 
@@ -85,3 +86,9 @@ def _check_pairs(transcript: Sequence[Message], out: Sequence[Message], where: l
     for a, b in groups(transcript):
         present = [i in kept for i in range(a, b)]
         assert all(present) or not any(present), f"turn group [{a}, {b}) split"
+
+
+def assert_justified(e: DoesNotFit) -> None:
+    """A refusal's own figures show what was kept is over the budget (no pressure applied)."""
+    kept = e.head_tokens + e.tail_tokens + e.tools_tokens + e.other_tokens
+    assert kept > e.budget, f"refused although what was kept ({kept}) is within {e.budget}"
