@@ -31,7 +31,7 @@ from shared.strategies import (
 from shared.strategies.lastresort import FLOOR_CHARS, shorten_protected
 from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarizers import LLMSummarizer, Summarizer
+from shared.summarizers import Summarizer, as_summarizer
 from shared.validation import ValidatedPrefixes
 
 State = Literal["under", "nearing", "over"]
@@ -69,19 +69,7 @@ class ContextPolicy:
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
     ) -> None:
-        if not 0.0 < target <= trigger <= 1.0:
-            raise ConfigError(
-                f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}"
-            )
-        if reserve_output < 0 or keep_recent < 1:
-            raise ConfigError("reserve_output must be >= 0 and keep_recent >= 1")
-        if not 0.0 <= precompute_at < trigger:
-            raise ConfigError(f"precompute_at must be within [0, trigger), got {precompute_at}")
-        if isinstance(max_input_tokens, int) and max_input_tokens - reserve_output <= 0:
-            raise ConfigError(
-                f"max_input_tokens ({max_input_tokens}) must exceed "
-                f"reserve_output ({reserve_output})"
-            )
+        _check(max_input_tokens, reserve_output, trigger, target, keep_recent, precompute_at)
         self.max_input_tokens = max_input_tokens
         self.reserve_output = reserve_output
         self.trigger = trigger
@@ -94,7 +82,7 @@ class ContextPolicy:
         self.counter: MessageCounter = (
             per_message(counter) if counter is not None else CalibratedCounter(HeuristicCounter())
         )
-        self.summarizer = _as_summarizer(summarizer, summarizer_model)
+        self.summarizer = as_summarizer(summarizer, summarizer_model)
         default_summarize = Summarize(
             keep_tokens_ratio=keep_tokens_ratio,
             chunk_tokens=chunk_tokens,
@@ -315,25 +303,13 @@ class ContextPolicy:
         extra_tokens: int = 0,
         hashes: Sequence[str] | None = None,
     ) -> SummaryPlan | None:
-        """The record to compute now so that prepare lands under target when the trigger hits.
-
-        `extra_tokens` stands for what the request adds that `transcript` lacks (a stored
-        conversation's tool specs). `hashes`: the transcript's `prefix_hashes` if known (a
-        stored conversation's chain), so the plan's prefix hash costs no hashing.
-
-        None while the prompt built from the current best record is below
-        (trigger - precompute_at) x budget: the cut then moves in steps, and the
-        [head][summary] prefix stays byte-stable between them.
-        """
+        """The record to compute now so that prepare lands under target when the trigger hits
+        (see shared/planning.py); `extra_tokens` stands for what requests add that
+        `transcript` lacks (a stored conversation's tool specs)."""
         return plan_summary(
-            self,
-            transcript,
-            tools=tools,
-            model=model,
-            book=book,
-            extra_tokens=extra_tokens,
+            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens,
             hashes=hashes,
-        )
+        )  # fmt: skip
 
     def summary_due(
         self,
@@ -345,20 +321,13 @@ class ContextPolicy:
         extra_tokens: int = 0,
         hashes: Sequence[str] | None = None,
     ) -> bool:
-        """Whether the workers could write a better record now: `plan_summary` has one.
-
-        `prepare` reports `stale` only then, so a conversation whose only unsummarized text
-        lies in the protected recent turns is never waited on, nor asked for again.
-        """
+        """Whether the workers could write a better record now (`plan_summary` has one): what
+        `report["stale"]` requires, so a conversation with nothing left to summarize outside
+        the protected recent turns is never waited on nor asked for again."""
         return summary_due(
-            self,
-            transcript,
-            tools=tools,
-            model=model,
-            book=book,
-            extra_tokens=extra_tokens,
+            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens,
             hashes=hashes,
-        )
+        )  # fmt: skip
 
     # --- helpers ----------------------------------------------------------------------------
     def _work(
@@ -396,11 +365,21 @@ class ContextPolicy:
         return self.counter
 
 
-def _as_summarizer(
-    summarizer: LLMClient | Summarizer | None, model: str | None
-) -> Summarizer | None:
-    if summarizer is None:
-        return None
-    if hasattr(summarizer, "summarize"):
-        return summarizer  # type: ignore[return-value]
-    return LLMSummarizer(summarizer, model)
+def _check(
+    window: int | Callable[[str | None], int],
+    reserve_output: int,
+    trigger: float,
+    target: float,
+    keep_recent: int,
+    precompute_at: float,
+) -> None:
+    if not 0.0 < target <= trigger <= 1.0:
+        raise ConfigError(f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}")
+    if reserve_output < 0 or keep_recent < 1:
+        raise ConfigError("reserve_output must be >= 0 and keep_recent >= 1")
+    if not 0.0 <= precompute_at < trigger:
+        raise ConfigError(f"precompute_at must be within [0, trigger), got {precompute_at}")
+    if isinstance(window, int) and window - reserve_output <= 0:
+        raise ConfigError(
+            f"max_input_tokens ({window}) must exceed reserve_output ({reserve_output})"
+        )
