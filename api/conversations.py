@@ -27,12 +27,13 @@ from api.payloads import incoming, incoming_tools, validate_appended
 from api.policies import Window
 from api.schemas import AppendRequest, ConversationInfo, ReplaceRequest, SummaryInfo
 from api.sizes import Sizes, Sizing
-from api.views import View, context_start, is_bound, tail_start
+from api.views import View, context_start, is_bound, kept_head_end, tail_start
 from shared.calibration import scale
 from shared.errors import InvalidTranscript, LengthMismatch, NotFound, WriteConflict
 from shared.hashing import prefix_hashes
+from shared.head import head_end
 from shared.logs import get_logger
-from shared.messages import Message, ToolSpec, head_end, validate
+from shared.messages import Message, ToolSpec, validate
 from shared.store.writes import Append, Replacement
 
 log = get_logger(__name__)
@@ -123,7 +124,7 @@ class Conversations:
                     counter=counter,
                     expected_length=expected_length,
                     bound=bound,
-                    head_end=head,
+                    head_end=kept_head_end(messages, len(messages)),
                     upto_max=tail,
                     model=window.model,
                 )
@@ -139,7 +140,7 @@ class Conversations:
                 after=tip.last_hash,
                 expected_length=k,
                 bound=bound,
-                head_end=head,
+                head_end=kept_head_end(messages, len(messages)),
                 viewed=k,
                 upto_max=tail,
                 model=window.model,
@@ -189,7 +190,11 @@ class Conversations:
             free=not anchored,
             expected_length=req.expected_length,
             bound=is_bound(full, view.offset),
-            head_end=head if anchored else None,
+            # the first user message may still be to come: store a head end that makes the
+            # next reader recount the head (`views.kept_head_end`)
+            head_end=(kept_head_end(full, view.length + len(new)) if view.offset == 0 else head)
+            if anchored
+            else None,
             viewed=view.length,
             upto_max=tail_start(full, view.offset, head, self.svc.settings.keep_recent) or head,
             model=window.model,

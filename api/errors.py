@@ -85,6 +85,8 @@ def error_body(exc: PrefitError) -> dict[str, Any]:
             head_tokens=exc.head_tokens,
             tail_tokens=exc.tail_tokens,
             tools_tokens=exc.tools_tokens,
+            other_tokens=exc.other_tokens,
+            floor_chars=exc.floor_chars,
         )
     return body
 

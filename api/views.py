@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from shared.counters import TokenCounter
-from shared.messages import HEAD_ROLES, Message, head_end
+from shared.counting import MessageCounter
+from shared.head import head_end, head_of
+from shared.messages import Message
 from shared.store.tally import Tally, Tip
 
 TAIL_READ = 32  # messages read from the end at first; doubled while too few turn groups
@@ -56,6 +57,13 @@ def tail_start(window: Sequence[Message], offset: int, head: int, keep_recent: i
     return head if offset <= head else None
 
 
+def kept_head_end(messages: Sequence[Message], length: int) -> int:
+    """The head end a tally keeps: the head's end once the task (first user message) is in,
+    else `length`, which makes the next reader recount the head (it can still move)."""
+    head = head_of(messages)
+    return head.end if head.final else length
+
+
 def context_start(window: Sequence[Message]) -> int | None:
     """Index in `window` of the last turn group's first message; None if not in the window."""
     for i in range(len(window) - 1, -1, -1):
@@ -67,8 +75,8 @@ def context_start(window: Sequence[Message]) -> int | None:
 def is_bound(window: Sequence[Message], offset: int) -> bool:
     """Whether an append after `window` (a conversation's last messages, from `offset`) must
     be checked against this exact tip: its last turn group has tool calls not yet answered,
-    or every message is a system or developer message (the head may still grow)."""
-    if offset == 0 and all(m.get("role") in HEAD_ROLES for m in window):
+    or no user message has come yet (the head, which ends after it, may still grow)."""
+    if offset == 0 and not head_of(window).final:
         return True
     start = context_start(window)
     if start is None:  # the last turn group starts before the window: cannot tell
@@ -85,7 +93,7 @@ def read_view(
     tenant: str,
     conv_id: str,
     *,
-    counter: TokenCounter,
+    counter: MessageCounter,
     counter_id: str,
     keep_recent: int,
 ) -> View:
@@ -114,7 +122,7 @@ def read_view(
 
 
 def rebuild(
-    tally: Tally, tenant: str, conv_id: str, tip: Tip, *, counter: TokenCounter, counter_id: str
+    tally: Tally, tenant: str, conv_id: str, tip: Tip, *, counter: MessageCounter, counter_id: str
 ) -> View:
     """Read and count every message, store the tally again, and view the whole conversation."""
     messages = tally.read(tenant, conv_id, start=0, stop=tip.length)
@@ -125,7 +133,7 @@ def rebuild(
         conv_id,
         counter=counter_id,
         last_hash=tip.last_hash,
-        head_end=head,
+        head_end=kept_head_end(messages, len(messages)),
         cumulative=cumulative,
     )
     total = cumulative[-1] if cumulative else 0

@@ -42,8 +42,9 @@ import httpx
 
 from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
+from shared.head import head_end
 from shared.jobs import SummaryJob
-from shared.messages import Message, groups, head_end
+from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.precompute import run_job
 from shared.providers import OpenAIClient

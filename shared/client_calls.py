@@ -311,6 +311,8 @@ def _build(cls: type[PrefitError], message: str, err: dict[str, Any]) -> PrefitE
             head_tokens=_int(err, "head_tokens"),
             tail_tokens=_int(err, "tail_tokens"),
             tools_tokens=_int(err, "tools_tokens"),
+            other_tokens=_opt_int(err, "other_tokens") or 0,
+            floor_chars=_opt_int(err, "floor_chars"),
         )
     elif issubclass(cls, RetryableLLMError):
         retry_after = err.get("retry_after")

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
 from shared.calibration import NO_MODEL
-from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.counting import MessageCounter
 from shared.errors import LeaseLost
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
@@ -81,13 +82,13 @@ class Outcome:
         return asdict(self)
 
 
-def counter_for(store: Store, tenant: str, model: str | None) -> TokenCounter:
+def counter_for(store: Store, tenant: str, model: str | None) -> MessageCounter:
     """The API's counter (heuristic, calibrated by the tenant's Redis ratio of the model),
     read once per job."""
     return CalibratedCounter(_BASE_COUNTER, ratios=store.ratios.of(tenant)).scaled(model)
 
 
-def policy_for(job: SummaryJob, settings: Settings, counter: TokenCounter) -> ContextPolicy:
+def policy_for(job: SummaryJob, settings: Settings, counter: MessageCounter) -> ContextPolicy:
     """The policy the API used to enqueue `job`: the job's window, the settings' thresholds."""
     return service_policy(settings, job.max_input_tokens, job.reserve_output, counter)
 
@@ -99,7 +100,7 @@ async def run_job(
     summarizer: Summarizer,
     settings: Settings,
     owner: str,
-    counter: TokenCounter | None = None,
+    counter: MessageCounter | None = None,
 ) -> Outcome:
     """Write the summary records `job`'s conversation needs now, if any (see `Outcome`).
 
@@ -123,7 +124,7 @@ class _Runner:
         summarizer: Summarizer,
         settings: Settings,
         owner: str,
-        counter: TokenCounter | None,
+        counter: MessageCounter | None,
         ctx: dict[str, Any],
     ) -> None:
         self.job, self.store, self.summarizer = job, store, summarizer
@@ -205,7 +206,7 @@ class _Runner:
         return await self._build(held, conv, plan, self.policy.counter), conv.meta
 
     async def _build(
-        self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: TokenCounter
+        self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: MessageCounter
     ) -> Status:
         started = time.perf_counter()
         built = await build_record(
@@ -297,7 +298,7 @@ class _ReadRatio:
         raise NotImplementedError("workers do not calibrate")
 
 
-def _scaled(ratio: float | None, model: str | None) -> TokenCounter:
+def _scaled(ratio: float | None, model: str | None) -> MessageCounter:
     """`counter_for` with the ratio already read (clamped the same way)."""
     return CalibratedCounter(_BASE_COUNTER, ratios=_ReadRatio(ratio)).scaled(model)
 

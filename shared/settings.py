@@ -90,6 +90,10 @@ class Settings(BaseSettings):
 
     # misc
     tiktoken_dir: Path | None = None
+    # tiktoken's own convention: a folder of files named by the SHA-1 of their download URL
+    tiktoken_cache_dir: Path | None = Field(
+        default=None, validation_alias=AliasChoices("TIKTOKEN_CACHE_DIR")
+    )
     log_json: bool | None = None  # None: JSON when stderr is not a TTY
     log_level: str = "INFO"
 

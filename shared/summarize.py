@@ -11,7 +11,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.counters import TokenCounter
+from shared.counting import MessageCounter
 from shared.errors import ConfigError, ContextLengthExceeded
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
@@ -46,7 +46,7 @@ def plan_cut(
     *,
     start: int,
     tail_start: int,
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     keep_tokens: int,
 ) -> int:
@@ -71,7 +71,7 @@ def _chunks(
     transcript: Sequence[Message],
     start: int,
     cut: int,
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     chunk_tokens: int,
 ) -> deque[tuple[int, int]]:
@@ -104,7 +104,7 @@ async def build_record(
     cut: int,
     previous: SummaryRecord | None,
     summarizer: Summarizer,
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     chunk_tokens: int,
     max_summary_tokens: int,

@@ -263,3 +263,25 @@ def test_a_stale_wait_that_times_out_still_answers(client: TestClient, model: st
     r = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model, "wait_ms": 100})
     report = r.json()["report"]
     assert r.status_code == 200 and report["stale"] is True and report["waited_ms"] >= 100
+
+
+def test_no_wait_and_no_job_when_only_the_recent_turns_are_left(
+    client: TestClient, store: Store, tenant: str, model: str, recorder: Recorder
+) -> None:
+    """A record reaching the protected recent turns is the best there can be: even over the
+    trigger, prepare is not stale, answers without waiting out wait_ms, and enqueues nothing."""
+    msgs = chat(12, size=4000)
+    msgs[-3:] = [{**m, "content": str(m["content"]) + "x" * 14_500} for m in msgs[-3:]]
+    cid = store_chat(client, model, msgs)
+    tail = len(msgs) - 3
+    store.records.put(
+        tenant, cid, SummaryRecord(tail, prefix_hash(msgs[:tail]), "all but the tail")
+    )
+    recorder.jobs.clear()
+    r = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model, "wait_ms": 2000})
+    assert r.status_code == 200, r.text
+    report = r.json()["report"]
+    assert report["tokens_before"] > report["trigger_tokens"]
+    assert report["summary"]["upto"] == tail and report["stale"] is False
+    assert "waited_ms" not in report
+    assert [p for _, p in recorder.jobs if p == PRIORITY_STALE] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from itertools import accumulate
 from typing import Any
 
@@ -92,10 +93,13 @@ def test_concurrent_tool_turns_answer_200_or_a_precise_422(
     app: FastAPI, store: Store, tenant: str, model: str
 ) -> None:
     """Writers that each append a tool call then its result race on one conversation: every
-    answer is 200 or 422 InvalidTranscript (a result whose call another writer's turn
-    followed), never 503 or 409, and the stored transcript stays valid and consistent."""
+    answer is 200 or 422 InvalidTranscript (a call while another writer's call is unanswered,
+    or a result whose call another writer's turn followed), never 503 or 409, and the stored
+    transcript stays valid and consistent."""
     cid = conv_id()
     errors: list[str] = []
+    landed = {"calls": 0, "results": 0}
+    lock = threading.Lock()
 
     def work(c: httpx.Client, i: int) -> list[int]:
         path = f"/v1/conversations/{cid}/messages"
@@ -103,10 +107,16 @@ def test_concurrent_tool_turns_answer_200_or_a_precise_422(
         for j in range(3):
             r = c.post(path, json=body([call(f"c{i}-{j}")], model))
             out.append(r.status_code)
-            r = c.post(path, json=body([result(f"c{i}-{j}", "ok"), assistant("done")], model))
-            out.append(r.status_code)
+            kind = "calls"
+            if r.is_success:
+                r = c.post(path, json=body([result(f"c{i}-{j}", "ok"), assistant("done")], model))
+                out.append(r.status_code)
+                kind = "results"
             if r.status_code == 422:
                 errors.append(r.json()["error"]["type"])
+            with lock:
+                landed["calls"] += kind == "results"
+                landed["results"] += kind == "results" and r.is_success
         return out
 
     with serve(app) as url:
@@ -115,10 +125,10 @@ def test_concurrent_tool_turns_answer_200_or_a_precise_422(
             f"{url}/v1/conversations/{cid}", json=body(chat(1), model), headers=headers
         ).is_success
         statuses = run_writers(url, tenant, work)
-    assert set(statuses) <= {200, 422} and statuses.count(200) >= THREADS * 3
+    assert set(statuses) <= {200, 422} and landed["results"] > 0
     assert set(errors) <= {"InvalidTranscript"}
     msgs = assert_consistent(store, tenant, cid)
-    assert len(msgs) == 3 + THREADS * 3 + 2 * (statuses.count(200) - THREADS * 3)
+    assert len(msgs) == 3 + landed["calls"] + 2 * landed["results"]
 
 
 def test_a_result_validated_against_a_moved_tip_is_checked_again(
