@@ -21,6 +21,7 @@ from api.deps import Services
 from api.enqueue import Enqueue
 from api.limits import BodyLimit
 from api.logging import RequestLogger
+from api.proxy import routes as proxy_routes
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, get_settings
 from shared.store import Store
@@ -78,6 +79,7 @@ def create_app(
     app.state.services = services
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(proxy_routes.router)
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
     app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s
     return app

@@ -23,6 +23,7 @@ from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
+from api.proxy.upstream import Transport
 from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
 from shared.settings import Settings
 from shared.store import Store
@@ -78,6 +79,7 @@ class Services:
         self.ratios = CachedRatios(self.store.ratios)
         self.counter = CalibratedCounter(self.base, ratios=self.ratios)
         self.counter_id = counter_id(self.base)
+        self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
         self.trigger = SummaryTrigger(
             self.store, self.enqueue, on_sent=self.metrics.sent, on_claimed=self.metrics.claimed
         )
@@ -119,11 +121,12 @@ class Services:
             return found
 
     async def aclose(self) -> None:
-        """Close this loop's async client (the sync ones are closed by `close`)."""
+        """Close this loop's async clients (the sync ones are closed by `close`)."""
         with self._lock:
             found = self._aclients.pop(asyncio.get_running_loop(), None)
         if found is not None:
             await found.aclose()
+        await self.transport.aclose()
 
     def broker(self) -> Any:
         """A Redis client on the broker (for readiness and queue depth), made on first use."""

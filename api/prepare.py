@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -37,6 +39,15 @@ log = get_logger(__name__)
 POLL_S = 0.025
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A stored conversation's prompt to send now: the result, its report, a job to send."""
+
+    prepared: Prepared
+    report: dict[str, Any]
+    claim: Claim | None
+
+
 class Preparer:
     """The prepare and observe routes' logic, on the app's services."""
 
@@ -49,6 +60,46 @@ class Preparer:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
         loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
         tools = incoming_tools(req.tools, format=req.format)
+        wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
+        fitted = await self.fit(
+            tenant,
+            conv_id,
+            loaded,
+            best,
+            tools,
+            window,
+            pressure=req.pressure,
+            wait_ms=wait,
+            rec=rec,
+        )
+        report = fitted.report
+        body = prepared_body(
+            fitted.prepared.messages,
+            report["tokens_after"],
+            report,
+            format=req.format,
+            loaded=loaded,
+        )
+        return body, fitted.claim
+
+    async def fit(
+        self,
+        tenant: str,
+        conv_id: str,
+        loaded: Loaded,
+        best: SummaryRecord | None,
+        tools: list[ToolSpec],
+        window: Window,
+        *,
+        pressure: float,
+        wait_ms: int,
+        rec: RequestLog,
+    ) -> Fitted:
+        """The stored prepare of `loaded` (the conversation `conv_id` as stored) with `best`.
+
+        Asks the workers for a due summary (the claim, for the caller to send) and waits up
+        to `wait_ms` for it; never calls an LLM.
+        """
         policy = make_policy(self.svc.settings, window, await self._counter(window.model))
         _, tail = policy.regions(loaded.messages)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
@@ -56,34 +107,30 @@ class Preparer:
                 self.svc.store.records.best, tenant, conv_id, upto_max=tail
             )
         prepared = await self._prepare(
-            policy, loaded.messages, tools, window, best, req.pressure, loaded.hashes
+            policy, loaded.messages, tools, window, best, pressure, loaded.hashes
         )
         report = _report(prepared)
         claim = None
         if report["stale"]:
-            wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
             extra = self.svc.base.count_tools(tools, window.model)
             step = size_step(report["tokens_before"], report["budget"])
             claim = await self._claim(tenant, conv_id, loaded, window, best, rec, extra, step)
             newer = None
-            if wait > 0:
+            if wait_ms > 0:
                 if claim is not None:  # sent now: the wait is for its result
                     await run_in_threadpool(self.svc.trigger.send, claim)
                     claim = None
-                newer = await self._wait(tenant, conv_id, best, tail, wait, rec)
+                newer = await self._wait(tenant, conv_id, best, tail, wait_ms, rec)
             if newer is not None:
                 prepared = await self._prepare(
-                    policy, loaded.messages, tools, window, newer, req.pressure, loaded.hashes
+                    policy, loaded.messages, tools, window, newer, pressure, loaded.hashes
                 )
                 report = _report(prepared)
             if rec.waited_ms is not None:
                 report["waited_ms"] = rec.waited_ms
         report["degraded"] = False
         _note(rec, report, degraded=False)
-        body = prepared_body(
-            prepared.messages, report["tokens_after"], report, format=req.format, loaded=loaded
-        )
-        return body, claim
+        return Fitted(prepared, report, claim)
 
     async def stateless(
         self, tenant: str, req: PrepareRequest, window: Window, rec: RequestLog
@@ -127,6 +174,30 @@ class Preparer:
         await run_in_threadpool(
             self.svc.counter.observe, req.model, estimated, req.actual_prompt_tokens
         )
+
+    async def calibrate(
+        self,
+        tenant: str,
+        model: str,
+        sent: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        actual_prompt_tokens: int,
+    ) -> None:
+        """Feed a provider's own prompt count for what was `sent` on `tenant`'s behalf.
+
+        The proxy's one way into calibration (answers and overflow errors alike); `tenant`
+        is where per-tenant calibration plugs in. Estimated as `observe` does.
+        """
+        estimated = self.svc.base.count(list(sent), list(tools), model)
+        await run_in_threadpool(self.svc.counter.observe, model, estimated, actual_prompt_tokens)
+
+    async def record_for(
+        self, tenant: str, window: Window, messages: list[Message], hashes: list[str]
+    ) -> SummaryRecord | None:
+        """The tenant's longest summary record for a prefix of `messages`, from any of its
+        conversations (cut points in (head, tail]); `hashes` are their prefix hashes."""
+        policy = make_policy(self.svc.settings, window, self.svc.base)
+        return await self._same_prefix(tenant, policy, messages, hashes)
 
     # --- helpers -------------------------------------------------------------------------
     async def _counter(self, model: str) -> ScaledCounter:

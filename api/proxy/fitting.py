@@ -1,0 +1,134 @@
+"""One proxied request's fit: the stored prepare of its transcript, at any pressure.
+
+The transcript is opened against the store once (api/proxy/transcripts.py) and fitted by
+`Preparer.fit`, the stored prepare itself: the best cached summary record and the cheap
+strategies, never an LLM call, never a wait. A retry after an overflow fits the same
+transcript again at a lower pressure. Without Redis the request is still fitted, from the
+cheap strategies and the last calibration ratio seen (`degraded`). After the answer,
+`settle` syncs the store to the transcript and sends the summary jobs claimed on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from api.deps import Services
+from api.enqueue import Claim
+from api.logging import RequestLog
+from api.policies import Window, make_policy
+from api.prepare import Preparer
+from api.proxy.transcripts import Opened, open_conversation, sync
+from shared.calibration import ScaledCounter
+from shared.errors import PrefitError, StoreUnavailable
+from shared.logs import get_logger
+from shared.messages import Message, ToolSpec
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The messages to send and prepare's report on them."""
+
+    messages: list[Message]
+    report: dict[str, Any]
+
+
+class Fitter:
+    """Fits one request's transcript; `open` it first, `settle` it after the answer."""
+
+    def __init__(
+        self,
+        svc: Services,
+        tenant: str,
+        conv_id: str,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        window: Window,
+        rec: RequestLog,
+    ) -> None:
+        self.svc = svc
+        self.tenant = tenant
+        self.conv_id = conv_id
+        self.messages = messages
+        self.tools = tools
+        self.window = window
+        self.rec = rec
+        self.opened: Opened | None = None
+        self.claims: list[Claim] = []
+
+    async def open(self) -> None:
+        """Read what the store holds of the conversation (nothing, without Redis)."""
+        try:
+            self.opened = await open_conversation(
+                self.svc, self.tenant, self.conv_id, self.messages, self.window
+            )
+        except StoreUnavailable:
+            self._degrade()
+
+    async def at(self, pressure: float) -> Fit:
+        """The fit at `pressure` (`DoesNotFit` when even the head and recent turns exceed)."""
+        if self.opened is not None:
+            try:
+                fitted = await Preparer(self.svc).fit(
+                    self.tenant,
+                    self.conv_id,
+                    self.opened.loaded,
+                    self.opened.best,
+                    self.tools,
+                    self.window,
+                    pressure=pressure,
+                    wait_ms=0,
+                    rec=self.rec,
+                )
+            except StoreUnavailable:
+                self._degrade()
+            else:
+                if fitted.claim is not None:
+                    self.claims.append(fitted.claim)
+                return Fit(fitted.prepared.messages, fitted.report)
+        return await self._cheap(pressure)
+
+    def settle(self) -> None:
+        """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""
+        stored_length = self.opened.stored_length if self.opened is not None else None
+        try:
+            sizes = sync(
+                self.svc,
+                self.tenant,
+                self.conv_id,
+                self.messages,
+                stored_length=stored_length,
+                window=self.window,
+                tools=self.tools,
+            )
+        except PrefitError as exc:  # the answer stands; the next request syncs again
+            log.warning(
+                "proxy.sync_failed",
+                tenant=self.tenant,
+                conversation_id=self.conv_id,
+                error=type(exc).__name__,
+            )
+            return
+        if sizes is not None and sizes.claim is not None:
+            self.claims.append(sizes.claim)
+        for claim in self.claims:
+            self.svc.trigger.send(claim)
+
+    def _degrade(self) -> None:
+        self.opened = None
+        self.rec.degraded = True
+        log.warning("proxy.degraded", tenant=self.tenant, conversation_id=self.conv_id)
+
+    async def _cheap(self, pressure: float) -> Fit:
+        """The fit without Redis: cheap strategies, the last ratio seen for the model."""
+        last = self.svc.ratios.last_known(self.window.model)
+        counter = ScaledCounter(self.svc.base, last if last is not None else 1.0)
+        policy = make_policy(self.svc.settings, self.window, counter)
+        prepared = await policy.prepare(
+            self.messages, tools=self.tools, model=self.window.model, pressure=pressure
+        )
+        report = dict(prepared.report or {})
+        report["degraded"] = True
+        return Fit(prepared.messages, report)

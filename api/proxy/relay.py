@@ -1,0 +1,279 @@
+"""One proxied request, from the client's body to the answer the client gets.
+
+The request is fitted (unless the model has no configured window, or its transcript cannot
+be read or cannot fit: then it goes upstream unchanged and `x-prefit-fit` says why), sent
+with only its messages replaced, and answered with the provider's own status, headers and
+body, plus the `x-prefit-*` headers. A context-length error is retried at a lower pressure
+at most `MAX_RETRIES` times, so the client sees only the answer that succeeded; every other
+answer (4xx, 5xx, 429 with its `Retry-After`) goes back as it came. After the answer the
+store is synced to the transcript and the provider's prompt count is fed to calibration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+from fastapi import BackgroundTasks, Response
+from fastapi.responses import StreamingResponse
+
+from api.deps import Services
+from api.logging import RequestLog
+from api.policies import resolve_window
+from api.prepare import Preparer
+from api.proxy.caller import Caller
+from api.proxy.dialect import Dialect
+from api.proxy.fitting import Fit, Fitter
+from api.proxy.identity import conversation_id
+from api.proxy.overflow import MAX_RETRIES, Overflow, next_pressure
+from api.proxy.streaming import Tap, passthrough
+from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+# Not passed back from the upstream's answer: they describe its connection and encoding.
+_HOP = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+    | {"date", "server"}
+)
+
+
+def _dumps(body: Mapping[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
+
+
+class Relay:
+    """Forwards one request; `run` returns the response for the client."""
+
+    def __init__(
+        self,
+        svc: Services,
+        dialect: Dialect,
+        caller: Caller,
+        body: dict[str, Any],
+        raw: bytes,
+        headers: Mapping[str, str],
+        rec: RequestLog,
+    ) -> None:
+        self.svc = svc
+        self.dialect = dialect
+        self.caller = caller
+        self.body = body
+        self.raw = raw
+        self.headers = headers
+        self.rec = rec
+        self.model = str(body.get("model"))
+        self.stream = body.get("stream") is True
+        self.streamed, self.strip = dialect.streamed(body) if self.stream else (None, False)
+        self.background = BackgroundTasks()
+        self.fitter: Fitter | None = None
+        self.conv_id: str | None = None
+        self.label = ""
+        self.retries = 0
+
+    async def run(self) -> Response:
+        fit = await self._first_fit()
+        while True:
+            try:
+                upstream = await self.svc.transport.send(
+                    self.dialect.name, self._upstream_headers(), self._body(fit)
+                )
+            except httpx.TransportError as exc:
+                return self._unreachable(exc, fit)
+            self.rec.upstream_status = upstream.status_code
+            if self.stream and upstream.status_code < 300:
+                return self._streamed(upstream, fit)
+            content = await upstream.aread()
+            await upstream.aclose()
+            answer = _json(content)
+            overflow = self.dialect.overflow(upstream.status_code, answer)
+            if overflow is not None and fit is not None:
+                retried = await self._retry(fit, overflow)
+                if retried is not None:
+                    fit = retried
+                    continue
+            return self._answered(upstream, content, answer, fit)
+
+    # --- the fit -------------------------------------------------------------------------
+    async def _first_fit(self) -> Fit | None:
+        """The fit at pressure 1, or None (with `label` saying why) to forward unchanged."""
+        try:
+            window = resolve_window(self.svc.settings, self.model, None)
+        except (UnknownModel, ConfigError):
+            return self._skip("unknown model")
+        try:
+            messages, tools = self.dialect.transcript(self.body)
+        except InvalidTranscript as exc:
+            where = f" at message {exc.index}" if exc.index is not None else ""
+            return self._skip(f"invalid transcript{where}")
+        self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        self.rec.conversation_id = self.conv_id
+        self.rec.length = len(messages)
+        if len(messages) > self.svc.settings.max_messages:
+            return self._skip("too many messages")
+        self.fitter = Fitter(
+            self.svc, self.caller.tenant, self.conv_id, messages, tools, window, self.rec
+        )
+        await self.fitter.open()
+        try:
+            return self._fitted(await self.fitter.at(1.0))
+        except DoesNotFit:
+            return self._skip("does not fit")
+
+    def _skip(self, reason: str) -> Fit | None:
+        self.label = f"skipped ({reason})"
+        log.info("proxy.fit_skipped", reason=reason, tenant=self.caller.tenant)
+        return None
+
+    def _fitted(self, fit: Fit) -> Fit:
+        self.label = "applied" if fit.report.get("changed") else "unchanged"
+        self.rec.tokens_before = fit.report.get("tokens_before")
+        self.rec.tokens_after = fit.report.get("tokens_after")
+        return fit
+
+    async def _retry(self, fit: Fit, overflow: Overflow) -> Fit | None:
+        """The fit for the retry after an overflow, or None when no retry is left or fits."""
+        if self.fitter is None or self.retries >= MAX_RETRIES:
+            return None
+        report = fit.report
+        if overflow.prompt_tokens:  # the error's own count of what was sent: calibrate on it
+            self._observe(fit, overflow.prompt_tokens)
+        pressure = next_pressure(
+            float(report["pressure"]),
+            overflow,
+            estimated=round(report["tokens_after"] * report["pressure"]),
+            budget=int(report["budget"]),
+            reserve=self.fitter.window.reserve_output,
+        )
+        self.retries += 1
+        self.rec.retries = self.retries
+        log.info(
+            "proxy.overflow_retried",
+            tenant=self.caller.tenant,
+            conversation_id=self.conv_id,
+            retry=self.retries,
+            pressure=round(pressure, 4),
+            provider_tokens=overflow.prompt_tokens,
+            provider_limit=overflow.limit,
+        )
+        try:
+            return self._fitted(await self.fitter.at(pressure))
+        except DoesNotFit:
+            return None
+
+    # --- the upstream request ------------------------------------------------------------
+    def _body(self, fit: Fit | None) -> bytes:
+        """What goes upstream: the client's bytes unless the messages or stream options change."""
+        if fit is None:
+            return self.raw  # skipped: forwarded exactly as it came
+        if not fit.report.get("changed"):
+            return self.raw if self.streamed is None else _dumps(self.streamed)
+        base = self.streamed if self.streamed is not None else self.body
+        return _dumps(self.dialect.with_messages(base, fit.messages))
+
+    def _upstream_headers(self) -> dict[str, str]:
+        out = {"content-type": "application/json", **self.dialect.defaults()}
+        out.update({h: self.headers[h] for h in self.dialect.forwarded if h in self.headers})
+        key = self.svc.transport.upstreams[self.dialect.name].key
+        if self.caller.provider_auth:
+            out.update(self.caller.provider_auth)
+        elif key:
+            out.update(self.dialect.auth(key))
+        return out
+
+    # --- the answer ----------------------------------------------------------------------
+    def _answered(
+        self, upstream: httpx.Response, content: bytes, answer: Any, fit: Fit | None
+    ) -> Response:
+        if fit is not None and upstream.status_code < 300:
+            tokens = self.dialect.prompt_tokens(answer)
+            if tokens:
+                self._observe(fit, tokens)
+        self._settle()
+        return Response(
+            content,
+            status_code=upstream.status_code,
+            headers=self._answer_headers(upstream.headers, fit),
+            background=self.background,
+        )
+
+    def _streamed(self, upstream: httpx.Response, fit: Fit | None) -> Response:
+        tap = self.dialect.tap(self.strip)
+        if fit is not None:
+            self.background.add_task(self._observe_stream, fit, tap)
+        self._settle()
+        return StreamingResponse(
+            passthrough(upstream, tap, self.rec),
+            status_code=upstream.status_code,
+            headers=self._answer_headers(upstream.headers, fit),
+            background=self.background,
+        )
+
+    def _unreachable(self, exc: httpx.TransportError, fit: Fit | None) -> Response:
+        timeout = isinstance(exc, httpx.TimeoutException)
+        status = 504 if timeout else 502
+        self.rec.error = "UpstreamTimeout" if timeout else "UpstreamUnreachable"
+        log.warning("proxy.upstream_failed", upstream=self.dialect.name, error=type(exc).__name__)
+        self._settle()
+        message = f"{self.dialect.name} upstream {'timed out' if timeout else 'unreachable'}"
+        return Response(
+            _dumps(self.dialect.error(status, message)),
+            status_code=status,
+            headers={**self._prefit_headers(fit), "content-type": "application/json"},
+            background=self.background,
+        )
+
+    def _answer_headers(self, upstream: httpx.Headers, fit: Fit | None) -> dict[str, str]:
+        out = {k: v for k, v in upstream.items() if k.lower() not in _HOP}
+        out.update(self._prefit_headers(fit))
+        return out
+
+    def _prefit_headers(self, fit: Fit | None) -> dict[str, str]:
+        self.rec.fit = self.label
+        out = {"x-prefit-fit": self.label, "x-prefit-retries": str(self.retries)}
+        if self.conv_id is not None:
+            out["x-prefit-conversation"] = self.conv_id
+        if fit is None:
+            return out
+        report = fit.report
+        out["x-prefit-tokens-before"] = str(report.get("tokens_before"))
+        out["x-prefit-tokens-after"] = str(report.get("tokens_after"))
+        out["x-prefit-stale"] = "true" if report.get("stale") else "false"
+        summary = report.get("summary")
+        if isinstance(summary, dict):
+            out["x-prefit-summary-upto"] = str(summary.get("upto"))
+        if report.get("degraded"):
+            out["x-prefit-degraded"] = "true"
+        return out
+
+    # --- after the answer ----------------------------------------------------------------
+    def _settle(self) -> None:
+        if self.fitter is not None:
+            self.background.add_task(self.fitter.settle)  # sync: Starlette runs it in a thread
+
+    def _observe(self, fit: Fit, tokens: int) -> None:
+        self.background.add_task(self._calibrate, fit, tokens)
+
+    async def _observe_stream(self, fit: Fit, tap: Tap) -> None:
+        if tap.prompt_tokens:
+            await self._calibrate(fit, tap.prompt_tokens)
+
+    async def _calibrate(self, fit: Fit, tokens: int) -> None:
+        if self.fitter is None:
+            return
+        try:
+            await Preparer(self.svc).calibrate(
+                self.caller.tenant, self.model, fit.messages, self.fitter.tools, tokens
+            )
+        except PrefitError as exc:  # the answer is out; a lost observation only slows learning
+            log.warning("proxy.observe_failed", tenant=self.caller.tenant, error=type(exc).__name__)
