@@ -27,7 +27,7 @@ from api.proxy.caller import Caller
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter
 from api.proxy.identity import conversation_id
-from api.proxy.overflow import MAX_RETRIES, Overflow, next_pressure
+from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.streaming import Tap, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
@@ -43,6 +43,11 @@ _HOP = frozenset(
 
 def _dumps(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _raw(fit: Fit) -> int:
+    """The fitted prompt's estimate at pressure 1."""
+    return round(float(fit.report["tokens_after"]) * float(fit.report["pressure"]))
 
 
 def _json(content: bytes) -> Any:
@@ -151,7 +156,7 @@ class Relay:
         pressure = next_pressure(
             float(report["pressure"]),
             overflow,
-            estimated=round(report["tokens_after"] * report["pressure"]),
+            estimated=_raw(fit),
             budget=int(report["budget"]),
             reserve=self.fitter.window.reserve_output,
         )
@@ -167,9 +172,20 @@ class Relay:
             provider_limit=overflow.limit,
         )
         try:
-            return self._fitted(await self.fitter.at(pressure))
+            return self._fitted(await self._smaller(fit, pressure))
         except DoesNotFit:
             return None
+
+    async def _smaller(self, last: Fit, pressure: float) -> Fit:
+        """The fit at `pressure`, or lower until it is smaller than `last` (the target's
+        slack can make a lower pressure cut nothing more; resending it would be futile)."""
+        assert self.fitter is not None
+        sent = _raw(last)
+        while True:
+            fit = await self.fitter.at(pressure)
+            if _raw(fit) < sent or pressure <= FLOOR:
+                return fit
+            pressure = max(FLOOR, pressure * STEP)
 
     # --- the upstream request ------------------------------------------------------------
     def _body(self, fit: Fit | None) -> bytes:

@@ -11,11 +11,47 @@ import httpx
 import pytest
 
 from api.app import create_app
+from shared.counters import HeuristicCounter
+from shared.messages import Message, ToolSpec, validate
 from shared.settings import Settings
 from shared.store import Store
-from tests.api.conftest import Recorder, key_of, make_settings
+from tests.api.conftest import RESERVE, WINDOW, Recorder, key_of, make_settings
+from tests.api.helpers import assistant, call, result, user
 from tests.api.server import serve
 from tests.fakeprovider import FakeProvider
+
+BUDGET = WINDOW - RESERVE
+TASK = "Find why the cache is slow and fix it."
+TOOLS: list[ToolSpec] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+
+
+def agent_session(turns: int, output_chars: int = 1200) -> list[Message]:
+    """A coding-agent transcript: system, the task, then tool calls with long outputs and
+    some prose; about `turns` x (output_chars / 3.5 + 60) tokens."""
+    out: list[Message] = [{"role": "system", "content": "You are a careful agent."}, user(TASK)]
+    for k in range(turns):
+        out.append(call(f"call_{k}", args=f'{{"cmd": "grep -rn cache src/ # {k}"}}'))
+        out.append(
+            result(f"call_{k}", f"src/cache.py:{k}: " + "lookup miss " * (output_chars // 12))
+        )
+        if k % 5 == 4:
+            out.append(user(f"status of step {k}? " + "please explain " * 20))
+            out.append(assistant(f"step {k}: " + "still looking " * 20))
+    return out
+
+
+def sent_fits(messages: list[Message], tools: list[ToolSpec]) -> bool:
+    """The request fits the budget as prefit counts (the fake counts the same)."""
+    return HeuristicCounter().count(validate(messages), tools) <= BUDGET
 
 
 @dataclass
@@ -59,7 +95,10 @@ def fake() -> FakeProvider:
     return FakeProvider(limit_tokens=20_000)
 
 
-def proxy_settings(redis_url: str, model: str, tenant: str, fake_url: str, **extra: Any) -> Settings:
+def proxy_settings(
+    redis_url: str, model: str, tenant: str, fake_url: str, **extra: Any
+) -> Settings:
+    """The test's settings, with both upstreams pointing at the fake provider."""
     return make_settings(
         redis_url,
         model,
