@@ -182,13 +182,18 @@ class Preparer:
         sent: Sequence[Message],
         tools: Sequence[ToolSpec],
         actual_prompt_tokens: int,
+        *,
+        estimated: int | None = None,
     ) -> None:
         """Feed a provider's own prompt count for what was `sent` on `tenant`'s behalf.
 
         The proxy's one way into calibration (answers and overflow errors alike); `tenant`
-        is where per-tenant calibration plugs in. Estimated as `observe` does.
+        is where per-tenant calibration plugs in. `estimated` is the uncalibrated estimate
+        of `sent` when the caller has it (counting a large prompt again costs milliseconds);
+        else it is counted here, as `observe` does.
         """
-        estimated = self.svc.base.count(list(sent), list(tools), model)
+        if estimated is None:
+            estimated = self.svc.base.count(list(sent), list(tools), model)
         await run_in_threadpool(self.svc.counter.observe, model, estimated, actual_prompt_tokens)
 
     async def record_for(
@@ -198,6 +203,10 @@ class Preparer:
         conversations (cut points in (head, tail]); `hashes` are their prefix hashes."""
         policy = make_policy(self.svc.settings, window, self.svc.base)
         return await self._same_prefix(tenant, policy, messages, hashes)
+
+    async def counter_for(self, model: str) -> ScaledCounter:
+        """The counter a prepare of `model` measures with (its ratio read once, cached 1 s)."""
+        return await self._counter(model)
 
     # --- helpers -------------------------------------------------------------------------
     async def _counter(self, model: str) -> ScaledCounter:

@@ -1,6 +1,7 @@
 """One proxied request's fit: the stored prepare of its transcript, at any pressure.
 
-The transcript is opened against the store once (api/proxy/transcripts.py) and fitted by
+Under the trigger the transcript goes as it is without the store being read. Over it, the
+transcript is opened against the store once (api/proxy/transcripts.py) and fitted by
 `Preparer.fit`, the stored prepare itself: the best cached summary record and the cheap
 strategies, never an LLM call, never a wait. A retry after an overflow fits the same
 transcript again at a lower pressure. Without Redis the request is still fitted, from the
@@ -18,21 +19,31 @@ from api.enqueue import Claim
 from api.logging import RequestLog
 from api.policies import Window, make_policy
 from api.prepare import Preparer
-from api.proxy.transcripts import Opened, open_conversation, sync
+from api.proxy.transcripts import Opened, open_conversation, stored_length, sync
 from shared.calibration import ScaledCounter
 from shared.errors import PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
+from shared.reports import new_report
+from shared.strategies.work import SizeMemo, measure
 
 log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The messages to send and prepare's report on them."""
+    """The messages to send, prepare's report on them, and the calibration ratio it used."""
 
     messages: list[Message]
     report: dict[str, Any]
+    ratio: float = 1.0
+
+    @property
+    def estimated(self) -> int:
+        """The uncalibrated estimate of the prompt (what calibration compares with the
+        provider's count), from the report: within a token or two of counting it again."""
+        after, pressure = float(self.report["tokens_after"]), float(self.report["pressure"])
+        return round(after * pressure / self.ratio)
 
 
 class Fitter:
@@ -58,6 +69,28 @@ class Fitter:
         self.opened: Opened | None = None
         self.claims: list[Claim] = []
 
+    async def first(self) -> Fit:
+        """The fit at pressure 1.
+
+        Under the trigger the stored prepare sends the transcript as it is, whatever the
+        store holds, so then the store is not read on the request's path at all: the
+        transcript is measured as prepare measures it, and synced after the answer.
+        """
+        try:
+            counter = await Preparer(self.svc).counter_for(self.window.model)
+        except StoreUnavailable:
+            self._degrade()
+            return await self._cheap(1.0)
+        policy = make_policy(self.svc.settings, self.window, counter)
+        limits = policy.limits(self.window.model)
+        tokens = measure(counter, self.messages, self.tools, self.window.model, SizeMemo())
+        if tokens <= policy.trigger * limits.budget:
+            report = new_report(limits, policy.trigger, tokens, 1.0)
+            report["degraded"] = False
+            return Fit(self.messages, report, counter.ratio)
+        await self.open()
+        return await self.at(1.0)
+
     async def open(self) -> None:
         """Read what the store holds of the conversation (nothing, without Redis)."""
         try:
@@ -71,6 +104,7 @@ class Fitter:
         """The fit at `pressure` (`DoesNotFit` when even the head and recent turns exceed)."""
         if self.opened is not None:
             try:
+                ratio = (await Preparer(self.svc).counter_for(self.window.model)).ratio
                 fitted = await Preparer(self.svc).fit(
                     self.tenant,
                     self.conv_id,
@@ -87,19 +121,22 @@ class Fitter:
             else:
                 if fitted.claim is not None:
                     self.claims.append(fitted.claim)
-                return Fit(fitted.prepared.messages, fitted.report)
+                return Fit(fitted.prepared.messages, fitted.report, ratio)
         return await self._cheap(pressure)
 
     def settle(self) -> None:
         """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""
-        stored_length = self.opened.stored_length if self.opened is not None else None
         try:
+            if self.opened is not None:
+                known = self.opened.stored_length
+            else:
+                known = stored_length(self.svc, self.tenant, self.conv_id, self.messages)
             sizes = sync(
                 self.svc,
                 self.tenant,
                 self.conv_id,
                 self.messages,
-                stored_length=stored_length,
+                stored_length=known,
                 window=self.window,
                 tools=self.tools,
             )
@@ -131,4 +168,4 @@ class Fitter:
         )
         report = dict(prepared.report or {})
         report["degraded"] = True
-        return Fit(prepared.messages, report)
+        return Fit(prepared.messages, report, counter.ratio)

@@ -11,7 +11,6 @@ store is synced to the transcript and the provider's prompt count is fed to cali
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ from api.logging import RequestLog
 from api.policies import resolve_window
 from api.prepare import Preparer
 from api.proxy.caller import Caller
+from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter
 from api.proxy.identity import conversation_id
@@ -41,10 +41,6 @@ _HOP = frozenset(
 )
 
 
-def _dumps(body: Mapping[str, Any]) -> bytes:
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
-
-
 def _raw(fit: Fit) -> int:
     """The fitted prompt's estimate at pressure 1."""
     return round(float(fit.report["tokens_after"]) * float(fit.report["pressure"]))
@@ -52,7 +48,7 @@ def _raw(fit: Fit) -> int:
 
 def _json(content: bytes) -> Any:
     try:
-        return json.loads(content)
+        return loads(content)
     except ValueError:
         return None
 
@@ -129,9 +125,8 @@ class Relay:
         self.fitter = Fitter(
             self.svc, self.caller.tenant, self.conv_id, messages, tools, window, self.rec
         )
-        await self.fitter.open()
         try:
-            return self._fitted(await self.fitter.at(1.0))
+            return self._fitted(await self.fitter.first())
         except DoesNotFit:
             return self._skip("does not fit")
 
@@ -193,9 +188,9 @@ class Relay:
         if fit is None:
             return self.raw  # skipped: forwarded exactly as it came
         if not fit.report.get("changed"):
-            return self.raw if self.streamed is None else _dumps(self.streamed)
+            return self.raw if self.streamed is None else dumps(self.streamed)
         base = self.streamed if self.streamed is not None else self.body
-        return _dumps(self.dialect.with_messages(base, fit.messages))
+        return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
         out = {"content-type": "application/json", **self.dialect.defaults()}
@@ -243,7 +238,7 @@ class Relay:
         self._settle()
         message = f"{self.dialect.name} upstream {'timed out' if timeout else 'unreachable'}"
         return Response(
-            _dumps(self.dialect.error(status, message)),
+            dumps(self.dialect.error(status, message)),
             status_code=status,
             headers={**self._prefit_headers(fit), "content-type": "application/json"},
             background=self.background,
@@ -289,7 +284,12 @@ class Relay:
             return
         try:
             await Preparer(self.svc).calibrate(
-                self.caller.tenant, self.model, fit.messages, self.fitter.tools, tokens
+                self.caller.tenant,
+                self.model,
+                fit.messages,
+                self.fitter.tools,
+                tokens,
+                estimated=fit.estimated,
             )
         except PrefitError as exc:  # the answer is out; a lost observation only slows learning
             log.warning("proxy.observe_failed", tenant=self.caller.tenant, error=type(exc).__name__)

@@ -8,7 +8,6 @@ header) are shaped as the provider shapes its errors, so the SDKs raise their us
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -19,6 +18,7 @@ from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
 from api.proxy.anthropic import AnthropicDialect
 from api.proxy.caller import identify
+from api.proxy.codec import loads
 from api.proxy.dialect import Dialect
 from api.proxy.openai import OpenAIDialect
 from api.proxy.relay import Relay
@@ -63,7 +63,7 @@ async def proxy(request: Request, dialect: Dialect) -> Response:
 def _object(raw: bytes) -> dict[str, Any]:
     """The request body: a JSON object naming a model."""
     try:
-        body = json.loads(raw)
+        body = loads(raw)
     except ValueError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -10,6 +10,8 @@ hashes are computed afresh and the tenant's longest record for a prefix of it is
 
 `sync` then makes the store hold exactly the request's transcript: it runs after the answer,
 off the request's path, since the fit already works on the transcript as it will be stored.
+A request that was fitted without reading the store (under the trigger) learns how much of
+it is stored with `stored_length`, after the answer too.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ async def open_conversation(
     except NotFound:
         stored, best = EMPTY_LOADED, None
     k = stored.length
-    if k and k <= len(messages) and messages[:k] == stored.messages:
+    if _extends(messages, stored):
         new = messages[k:]
         if not new:
             return Opened(stored, best, k)
@@ -60,6 +62,22 @@ async def open_conversation(
     loaded = Loaded(list(messages), raw, prefix_hashes(messages), sum(map(len, raw)))
     best = await Preparer(svc).record_for(tenant, window, messages, loaded.hashes)
     return Opened(loaded, best, 0 if k == 0 else None)
+
+
+def stored_length(svc: Services, tenant: str, conv_id: str, messages: list[Message]) -> int | None:
+    """How many first messages of `messages` the store holds as `conv_id` (0: none, it does
+    not exist); None when the stored transcript is not a prefix (sync: threadpool)."""
+    try:
+        stored, _ = svc.cache.load(tenant, conv_id)
+    except NotFound:
+        return 0
+    return stored.length if _extends(messages, stored) else None
+
+
+def _extends(messages: list[Message], stored: Loaded) -> bool:
+    """Whether `messages` begin with the (non-empty) stored transcript: C-level equality."""
+    k = stored.length
+    return bool(k) and k <= len(messages) and messages[:k] == stored.messages
 
 
 def sync(

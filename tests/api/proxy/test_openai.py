@@ -262,3 +262,24 @@ def test_a_client_that_goes_away_cancels_the_upstream_stream(proxy: Proxy) -> No
         first = next(r.iter_lines())
         assert json.loads(first.removeprefix("data: "))["choices"][0]["delta"]["role"]
     wait_for(lambda: proxy.fake.cancelled == 1)
+
+
+def test_under_the_trigger_the_headers_say_what_the_stored_prepare_says(proxy: Proxy) -> None:
+    """Fitted without reading the store, the figures still equal the stored prepare's."""
+    messages = agent_session(20)
+    raw = sdk(proxy).chat.completions.with_raw_response.create(
+        model=proxy.model,
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+    )
+    conv = raw.headers["x-prefit-conversation"]
+    wait_for(lambda: stored_length(proxy, conv) == len(messages))
+    prepared = httpx.post(
+        f"{proxy.url}/v1/conversations/{conv}/prepare",
+        json={"model": proxy.model, "tools": TOOLS},
+        headers={"Authorization": f"Bearer {proxy.key}"},
+    ).json()
+    assert prepared["report"]["changed"] is False
+    assert raw.headers["x-prefit-fit"] == "unchanged"
+    assert int(raw.headers["x-prefit-tokens-before"]) == prepared["report"]["tokens_before"]
+    assert int(raw.headers["x-prefit-tokens-after"]) == prepared["tokens"]

@@ -105,9 +105,11 @@ def test_a_streamed_anthropic_answer_feeds_calibration_with_cached_tokens(proxy:
 
 
 def test_a_non_streamed_answer_feeds_calibration(proxy: Proxy) -> None:
-    """`usage.prompt_tokens` of a plain answer is observed for the tenant and model."""
+    """`usage.prompt_tokens` of a plain answer is observed for the tenant and model, against
+    prefit's estimate of exactly what was sent (the first observation sets the ratio)."""
     openai_sdk(proxy).chat.completions.create(
         model=proxy.model,
-        messages=[user("hi " * 200)],  # type: ignore[list-item]
+        messages=agent_session(60),  # type: ignore[arg-type]
     )
-    wait_for(lambda: ratio(proxy) > 1.1)
+    wait_for(lambda: ratio(proxy) != 1.0)
+    assert ratio(proxy) == pytest.approx(SCALE, abs=0.002)

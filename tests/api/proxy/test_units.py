@@ -9,6 +9,7 @@ import pytest
 from api.auth import KeyRing
 from api.proxy.anthropic import AnthropicDialect, StartTap
 from api.proxy.caller import identify
+from api.proxy.codec import dumps, loads
 from api.proxy.identity import conversation_id, derived_id
 from api.proxy.openai import OpenAIDialect, UsageTap
 from api.proxy.overflow import (
@@ -154,3 +155,14 @@ def test_the_opt_in_forwards_the_clients_own_provider_key_only() -> None:
     assert identify(plain, KEYS, on).provider_auth == {}  # the only key there is prefit's
     open_mode = identify({"x-api-key": "sk-own"}, KeyRing.parse(""), on)
     assert (open_mode.tenant, open_mode.provider_auth) == ("local", {"x-api-key": "sk-own"})
+
+
+def test_bodies_are_read_exactly_even_where_orjson_would_round() -> None:
+    """A field outside the transcript with an integer past 64 bits keeps every digit."""
+    raw = b'{"model": "m", "seed": 123456789012345678901234567890, "messages": [], "x": NaN}'
+    body = loads(raw)
+    assert body["seed"] == 123456789012345678901234567890
+    assert b"123456789012345678901234567890" in dumps(body)
+    assert loads(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
+    with pytest.raises(ValueError):
+        loads(b"{not json")
