@@ -67,6 +67,7 @@ class Fitter:
         self.window = window
         self.rec = rec
         self.opened: Opened | None = None
+        self.degraded = False
         self.claims: list[Claim] = []
 
     async def first(self) -> Fit:
@@ -88,7 +89,6 @@ class Fitter:
             report = new_report(limits, policy.trigger, tokens, 1.0)
             report["degraded"] = False
             return Fit(self.messages, report, counter.ratio)
-        await self.open()
         return await self.at(1.0)
 
     async def open(self) -> None:
@@ -102,6 +102,8 @@ class Fitter:
 
     async def at(self, pressure: float) -> Fit:
         """The fit at `pressure` (`DoesNotFit` when even the head and recent turns exceed)."""
+        if self.opened is None and not self.degraded:
+            await self.open()
         if self.opened is not None:
             try:
                 ratio = (await Preparer(self.svc).counter_for(self.window.model)).ratio
@@ -155,6 +157,7 @@ class Fitter:
 
     def _degrade(self) -> None:
         self.opened = None
+        self.degraded = True
         self.rec.degraded = True
         log.warning("proxy.degraded", tenant=self.tenant, conversation_id=self.conv_id)
 

@@ -219,7 +219,7 @@ class Relay:
         )
 
     def _streamed(self, upstream: httpx.Response, fit: Fit | None) -> Response:
-        tap = self.dialect.tap(self.strip)
+        tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
         if fit is not None:
             self.background.add_task(self._observe_stream, fit, tap)
         self._settle()

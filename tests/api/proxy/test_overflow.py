@@ -45,6 +45,7 @@ def test_an_openai_overflow_is_retried_and_the_client_sees_only_the_success(
     )
     assert raw.parse().choices[0].message.content == "".join(WORDS)
     assert raw.headers["x-prefit-retries"] == "1"
+    assert "x-prefit-degraded" not in raw.headers  # the retry is the stored prepare's too
     first, second = proxy.fake.received
     assert (first.status, second.status) == (400, 200)
     validate(second.body["messages"])
@@ -113,3 +114,15 @@ def test_a_non_streamed_answer_feeds_calibration(proxy: Proxy) -> None:
     )
     wait_for(lambda: ratio(proxy) != 1.0)
     assert ratio(proxy) == pytest.approx(SCALE, abs=0.002)
+
+
+def test_a_streamed_request_that_overflows_is_retried_before_streaming(proxy: Proxy) -> None:
+    """The overflow comes before any event: the retried stream is what the client reads."""
+    stream = openai_sdk(proxy).chat.completions.create(
+        model=proxy.model,
+        messages=chat(60),  # type: ignore[arg-type]
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "".join(WORDS)
+    assert [r.status for r in proxy.fake.received] == [400, 200]
+    assert stream.response.headers["x-prefit-retries"] == "1"
