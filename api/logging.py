@@ -53,6 +53,7 @@ class RequestLog:
     tokens_after: int | None = None
     retries: int | None = None
     upstream_status: int | None = None
+    upstream_ms: float | None = None  # waiting for the provider's answers to start, all tries
 
     def fields(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != []}

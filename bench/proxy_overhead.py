@@ -34,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from bench.api_latency import pct, stitched
+from bench.api_latency import cpu_seconds, pct, stitched
 from shared.errors import NotFound
 from shared.extractive import ExtractiveSummarizer
 from shared.jobs import SummaryJob
@@ -65,7 +65,9 @@ def wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
 
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stderr=log.open("wb"), stdout=log.open("ab"))
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stderr=log.open("wb"), stdout=subprocess.DEVNULL
+    )
 
 
 def start_fake(log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -177,8 +179,33 @@ def summarize(store: Store, settings: Settings, conv: str, length: int) -> str:
     return outcome.status
 
 
+def own_times(log: Path, offset: int) -> list[float]:
+    """prefit's own ms per proxied request logged after `offset`: its latency (to the last
+    byte) less the time it waited for the provider's answers to start (`upstream_ms`)."""
+    with log.open("rb") as f:
+        f.seek(offset)
+        lines = f.read().decode().splitlines()
+    out = []
+    for line in lines:
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "request.completed" and e.get("upstream_ms") is not None:
+            out.append(float(e["latency_ms"]) - float(e["upstream_ms"]))
+    return out
+
+
 def measure(
-    direct: str, proxied: str, store: Store, settings: Settings, size: int, n: int, pause: float
+    direct: str,
+    proxied: str,
+    store: Store,
+    settings: Settings,
+    size: int,
+    n: int,
+    pause: float,
+    log: Path,
+    pid: int,
 ) -> dict[str, Any]:
     transcript = stitched(size)
     seen: dict[str, str] = {}
@@ -195,8 +222,11 @@ def measure(
     after: dict[str, str] = {}
     for stream in (False, True):
         after.clear()
+        offset, cpu = log.stat().st_size, cpu_seconds(pid)
         got = play(direct, proxied, turns(transcript, n, stream), after.update, pause)
         row[stream] = got
+        row[("cpu", stream)] = (cpu_seconds(pid) - cpu) * 1000 / n
+        row[("own", stream)] = own_times(log, offset)
     row["headers"] = after
     print(f"done {size}: {after}", file=sys.stderr, flush=True)
     return row
@@ -218,10 +248,10 @@ def print_table(rows: list[dict[str, Any]], n: int, pause: float) -> None:
     )
     print(
         "| conversation tokens | messages | prefit's fit | sent tokens | direct | through "
-        "prefit | added | stream: first byte direct | through prefit | added | stream: "
-        "end, added |"
+        "prefit | added | prefit's own (server) | API CPU ms / request | stream: first byte "
+        "direct | through prefit | added | stream: end, added |"
     )
-    print("|" + " --- |" * 11)
+    print("|" + " --- |" * 13)
     for r in rows:
         h, plain, streamed = r["headers"], r[False], r[True]
         fit = h.get("x-prefit-fit", "?")
@@ -231,6 +261,7 @@ def print_table(rows: list[dict[str, Any]], n: int, pause: float) -> None:
         print(
             f"| {r['size']:,} | {r['messages']} | {fit} | {sent:,} "
             f"| {pair(plain['d_end'])} | {pair(plain['p_end'])} | {pair(added(plain, 'end'))} "
+            f"| {pair(r[('own', False)])} | {r[('cpu', False)]:.1f} "
             f"| {pair(streamed['d_first'])} | {pair(streamed['p_first'])} "
             f"| {pair(added(streamed, 'first'))} | {pair(added(streamed, 'end'))} |"
         )
@@ -248,11 +279,22 @@ def main() -> None:
         )
         store = Store.from_url(redis.url, settings)
         fake, fake_url = start_fake(Path(tmp) / "fake.log")
-        api, api_url = start_api(redis.url, fake_url, Path(tmp) / "api.log")
+        log = Path(tmp) / "api.log"
+        api, api_url = start_api(redis.url, fake_url, log)
         try:
             direct, proxied = f"{fake_url}/v1/chat/completions", f"{api_url}/v1/chat/completions"
             rows = [
-                measure(direct, proxied, store, settings, int(size), args.turns, args.pause)
+                measure(
+                    direct,
+                    proxied,
+                    store,
+                    settings,
+                    int(size),
+                    args.turns,
+                    args.pause,
+                    log,
+                    api.pid,
+                )
                 for size in args.sizes.split(",")
             ]
         finally:

@@ -19,7 +19,7 @@ from api.enqueue import Claim
 from api.logging import RequestLog
 from api.policies import Window, make_policy
 from api.prepare import Preparer
-from api.proxy.transcripts import Opened, open_conversation, stored_length, sync
+from api.proxy.transcripts import Opened, open_conversation, stored_prefix, sync
 from shared.calibration import ScaledCounter
 from shared.errors import PrefitError, StoreUnavailable
 from shared.logs import get_logger
@@ -132,7 +132,7 @@ class Fitter:
             if self.opened is not None:
                 known = self.opened.stored_length
             else:
-                known = stored_length(self.svc, self.tenant, self.conv_id, self.messages)
+                known = stored_prefix(self.svc, self.tenant, self.conv_id, self.messages)
             sizes = sync(
                 self.svc,
                 self.tenant,

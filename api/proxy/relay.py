@@ -11,6 +11,7 @@ store is synced to the transcript and the provider's prompt count is fed to cali
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,12 +86,17 @@ class Relay:
     async def run(self) -> Response:
         fit = await self._first_fit()
         while True:
+            body = self._body(fit)
+            started = time.perf_counter()
             try:
                 upstream = await self.svc.transport.send(
-                    self.dialect.name, self._upstream_headers(), self._body(fit)
+                    self.dialect.name, self._upstream_headers(), body
                 )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
+            finally:
+                waited = (time.perf_counter() - started) * 1000
+                self.rec.upstream_ms = round((self.rec.upstream_ms or 0.0) + waited, 3)
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
                 return self._streamed(upstream, fit)

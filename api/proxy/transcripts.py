@@ -11,7 +11,7 @@ hashes are computed afresh and the tenant's longest record for a prefix of it is
 `sync` then makes the store hold exactly the request's transcript: it runs after the answer,
 off the request's path, since the fit already works on the transcript as it will be stored.
 A request that was fitted without reading the store (under the trigger) learns how much of
-it is stored with `stored_length`, after the answer too.
+it is stored with `stored_prefix`, after the answer too.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from shared.errors import LengthMismatch, NotFound
 from shared.hashing import canonical, extend_chain, prefix_hashes
 from shared.messages import Message, ToolSpec
 from shared.summaries import SummaryRecord
+
+SYNC_ATTEMPTS = 3  # appends tried before a sync falls back on replacing the transcript
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ async def open_conversation(
     return Opened(loaded, best, 0 if k == 0 else None)
 
 
-def stored_length(svc: Services, tenant: str, conv_id: str, messages: list[Message]) -> int | None:
+def stored_prefix(svc: Services, tenant: str, conv_id: str, messages: list[Message]) -> int | None:
     """How many first messages of `messages` the store holds as `conv_id` (0: none, it does
     not exist); None when the stored transcript is not a prefix (sync: threadpool)."""
     try:
@@ -93,20 +95,25 @@ def sync(
     """Make the stored conversation `conv_id` hold exactly `messages` (sync: threadpool).
 
     O(new) when the store holds `messages[:stored_length]`: only the rest is appended, stating
-    that length; when another writer got in first, or the stored transcript is not a prefix
-    (`stored_length` None), `messages` replace it. None when nothing needed writing.
+    that length. When the store moved since `stored_length` was read (the previous turn's
+    sync landed in between, the common case), it is read again and what is still missing is
+    appended; when the stored transcript is not a prefix (`stored_length` None, an edit), or
+    writers keep racing, `messages` replace it. None when nothing needed writing.
     """
     conversations = Conversations(svc)
-    if stored_length is not None:
-        new = messages[stored_length:]
+    known = stored_length
+    for _ in range(SYNC_ATTEMPTS):
+        if known is None:
+            break
+        new = messages[known:]
         if not new:
             return None
         append = AppendRequest(
-            messages=new, model=window.model, expected_length=stored_length, tools=tools or None
+            messages=new, model=window.model, expected_length=known, tools=tools or None
         )
         try:
             return conversations.append(tenant, conv_id, append, window)
         except LengthMismatch:
-            pass  # the store moved since it was read: the request's transcript replaces it
+            known = stored_prefix(svc, tenant, conv_id, messages)
     replace = ReplaceRequest(messages=messages, model=window.model, tools=tools or None)
     return conversations.replace(tenant, conv_id, replace, window)
