@@ -34,7 +34,16 @@ from typing import Any
 
 import httpx
 
-from bench.api_latency import cpu_seconds, pct, stitched
+from bench.api_latency import (
+    MODEL,
+    RESERVE,
+    WINDOW,
+    completed,
+    cpu_seconds,
+    pct,
+    start_api,
+    stitched,
+)
 from shared.errors import NotFound
 from shared.extractive import ExtractiveSummarizer
 from shared.jobs import SummaryJob
@@ -45,7 +54,6 @@ from shared.settings import ModelWindow, Settings
 from shared.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL, WINDOW, RESERVE = "bench-128k", 128_000, 4_096
 TENANT = "local"
 
 
@@ -79,23 +87,10 @@ def start_fake(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, url
 
 
-def start_api(redis_url: str, fake_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "PREFIT_MODELS": json.dumps({MODEL: {"max_input_tokens": WINDOW}}),
-        "PREFIT_API_KEYS": "",
-        "PREFIT_LOG_JSON": "true",
-        "PREFIT_SUMMARY_QUEUE": "bench-proxy-summaries",  # no worker consumes it here
-        "PREFIT_OPENAI_BASE_URL": f"{fake_url}/v1",
-    }
-    argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
-            "--port", str(port), "--no-access-log", "--log-level", "warning"]  # fmt: skip
-    proc = start(argv, env, log)
-    url = f"http://127.0.0.1:{port}"
-    wait_up(f"{url}/healthz", proc, "the API")
-    return proc, url
+def start_proxy(redis_url: str, fake_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """The API (as bench/api_latency.py starts it) forwarding OpenAI requests to the fake."""
+    env = {"PREFIT_OPENAI_BASE_URL": f"{fake_url}/v1"}
+    return start_api(redis_url, log, extra_env=env)
 
 
 # --- one request, timed ------------------------------------------------------------------------
@@ -182,18 +177,11 @@ def summarize(store: Store, settings: Settings, conv: str, length: int) -> str:
 def own_times(log: Path, offset: int) -> list[float]:
     """prefit's own ms per proxied request logged after `offset`: its latency (to the last
     byte) less the time it waited for the provider's answers to start (`upstream_ms`)."""
-    with log.open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode().splitlines()
-    out = []
-    for line in lines:
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if e.get("event") == "request.completed" and e.get("upstream_ms") is not None:
-            out.append(float(e["latency_ms"]) - float(e["upstream_ms"]))
-    return out
+    return [
+        float(e["latency_ms"]) - float(e["upstream_ms"])
+        for e in completed(log, offset)
+        if e.get("upstream_ms") is not None
+    ]
 
 
 def measure(
@@ -280,7 +268,7 @@ def main() -> None:
         store = Store.from_url(redis.url, settings)
         fake, fake_url = start_fake(Path(tmp) / "fake.log")
         log = Path(tmp) / "api.log"
-        api, api_url = start_api(redis.url, fake_url, log)
+        api, api_url = start_proxy(redis.url, fake_url, log)
         try:
             direct, proxied = f"{fake_url}/v1/chat/completions", f"{api_url}/v1/chat/completions"
             rows = [

@@ -28,13 +28,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from api.proxy.anthropic import ERROR_TYPES
 from shared.counters import HeuristicCounter
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic
 
 WORDS = tuple(f"word{i} " for i in range(12))
 _COUNTER = HeuristicCounter()
-_ERROR_TYPES = {400: "invalid_request_error", 429: "rate_limit_error", 529: "overloaded_error"}
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _sse(event: dict[str, Any] | str) -> bytes:
 
 
 def _error(protocol: str, reply: Reply, tokens: int) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(reply.status, "api_error")
+    kind = ERROR_TYPES.get(reply.status, "api_error")
     if protocol == "anthropic":
         text = f"prompt is too long: {tokens} tokens > {reply.limit} maximum"
         message = text if reply.overflow else "scripted failure"

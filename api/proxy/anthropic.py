@@ -21,7 +21,7 @@ from shared.messages import Message, ToolSpec
 
 API_VERSION = "2023-06-01"  # sent when the client names none
 USAGE_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
-_ERROR_TYPES = {
+ERROR_TYPES = {  # the error `type` Anthropic gives each status
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
@@ -100,5 +100,5 @@ class AnthropicDialect:
         return anthropic_figures(message) if isinstance(message, str) else None
 
     def error(self, status: int, message: str) -> dict[str, Any]:
-        kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+        kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
         return {"type": "error", "error": {"type": kind, "message": message}}

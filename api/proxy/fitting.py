@@ -11,7 +11,7 @@ cheap strategies and the last calibration ratio seen (`degraded`). After the ans
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from api.deps import Services
@@ -46,29 +46,21 @@ class Fit:
         return round(after * pressure / self.ratio)
 
 
+@dataclass
 class Fitter:
-    """Fits one request's transcript; `open` it first, `settle` it after the answer."""
+    """Fits one request's transcript (`first`, then `at` a lower pressure after an overflow),
+    and syncs the store to it after the answer (`settle`)."""
 
-    def __init__(
-        self,
-        svc: Services,
-        tenant: str,
-        conv_id: str,
-        messages: list[Message],
-        tools: list[ToolSpec],
-        window: Window,
-        rec: RequestLog,
-    ) -> None:
-        self.svc = svc
-        self.tenant = tenant
-        self.conv_id = conv_id
-        self.messages = messages
-        self.tools = tools
-        self.window = window
-        self.rec = rec
-        self.opened: Opened | None = None
-        self.degraded = False
-        self.claims: list[Claim] = []
+    svc: Services
+    tenant: str
+    conv_id: str
+    messages: list[Message]
+    tools: list[ToolSpec]
+    window: Window
+    rec: RequestLog
+    opened: Opened | None = None  # what the store holds, once read
+    degraded: bool = False  # Redis was unreachable: cheap strategies only
+    claims: list[Claim] = field(default_factory=list)  # summary jobs to send after the sync
 
     async def first(self) -> Fit:
         """The fit at pressure 1.

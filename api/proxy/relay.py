@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -54,34 +55,30 @@ def _json(content: bytes) -> Any:
         return None
 
 
+@dataclass
 class Relay:
     """Forwards one request; `run` returns the response for the client."""
 
-    def __init__(
-        self,
-        svc: Services,
-        dialect: Dialect,
-        caller: Caller,
-        body: dict[str, Any],
-        raw: bytes,
-        headers: Mapping[str, str],
-        rec: RequestLog,
-    ) -> None:
-        self.svc = svc
-        self.dialect = dialect
-        self.caller = caller
-        self.body = body
-        self.raw = raw
-        self.headers = headers
-        self.rec = rec
-        self.model = str(body.get("model"))
-        self.stream = body.get("stream") is True
-        self.streamed, self.strip = dialect.streamed(body) if self.stream else (None, False)
-        self.background = BackgroundTasks()
-        self.fitter: Fitter | None = None
-        self.conv_id: str | None = None
-        self.label = ""
-        self.retries = 0
+    svc: Services
+    dialect: Dialect
+    caller: Caller
+    body: dict[str, Any]
+    raw: bytes  # the body as the client sent it
+    headers: Mapping[str, str]
+    rec: RequestLog
+    background: BackgroundTasks = field(default_factory=BackgroundTasks)
+    fitter: Fitter | None = None
+    conv_id: str | None = None
+    label: str = ""  # x-prefit-fit
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        self.model = str(self.body.get("model"))
+        self.stream = self.body.get("stream") is True
+        # a streamed request's body as sent when fitted, and whether to drop what that adds
+        self.streamed, self.strip = (
+            self.dialect.streamed(self.body) if self.stream else (None, False)
+        )
 
     async def run(self) -> Response:
         fit = await self._first_fit()
