@@ -113,8 +113,10 @@ class Relay:
         """The fit at pressure 1, or None (with `label` saying why) to forward unchanged."""
         try:
             window = resolve_window(self.svc.settings, self.model, None)
-        except (UnknownModel, ConfigError):
+        except UnknownModel:
             return self._skip("unknown model")
+        except ConfigError:  # a configured window not larger than its reserve
+            return self._skip("no usable window")
         try:
             messages, tools = self.dialect.transcript(self.body)
         except InvalidTranscript as exc:
