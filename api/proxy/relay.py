@@ -28,6 +28,7 @@ from api.proxy.caller import Caller
 from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter
+from api.proxy.headers import passed_back, prefit_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.streaming import Tap, passthrough
@@ -35,12 +36,6 @@ from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitErro
 from shared.logs import get_logger
 
 log = get_logger(__name__)
-
-# Not passed back from the upstream's answer: they describe its connection and encoding.
-_HOP = frozenset(
-    {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
-    | {"date", "server"}
-)
 
 
 def _raw(fit: Fit) -> int:
@@ -250,27 +245,12 @@ class Relay:
         )
 
     def _answer_headers(self, upstream: httpx.Headers, fit: Fit | None) -> dict[str, str]:
-        out = {k: v for k, v in upstream.items() if k.lower() not in _HOP}
-        out.update(self._prefit_headers(fit))
-        return out
+        return {**passed_back(upstream), **self._prefit_headers(fit)}
 
     def _prefit_headers(self, fit: Fit | None) -> dict[str, str]:
         self.rec.fit = self.label
-        out = {"x-prefit-fit": self.label, "x-prefit-retries": str(self.retries)}
-        if self.conv_id is not None:
-            out["x-prefit-conversation"] = self.conv_id
-        if fit is None:
-            return out
-        report = fit.report
-        out["x-prefit-tokens-before"] = str(report.get("tokens_before"))
-        out["x-prefit-tokens-after"] = str(report.get("tokens_after"))
-        out["x-prefit-stale"] = "true" if report.get("stale") else "false"
-        summary = report.get("summary")
-        if isinstance(summary, dict):
-            out["x-prefit-summary-upto"] = str(summary.get("upto"))
-        if report.get("degraded"):
-            out["x-prefit-degraded"] = "true"
-        return out
+        report = fit.report if fit is not None else None
+        return prefit_headers(self.label, self.retries, self.conv_id, report)
 
     # --- after the answer ----------------------------------------------------------------
     def _settle(self) -> None:
