@@ -26,6 +26,7 @@ from api.deps import Services
 from api.enqueue import Enqueue
 from api.limits import BodyLimit
 from api.logging import RequestLogger
+from api.proxy import routes as proxy_routes
 from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, get_settings
@@ -92,6 +93,7 @@ def create_app(
     app.state.services = services
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(proxy_routes.router)
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
     app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
     if requires_loopback(chosen):

@@ -91,6 +91,14 @@ class KeyRing:
         scheme, _, key = authorization.strip().partition(" ")
         if scheme.lower() != SCHEME or not key.strip():
             raise Unauthorized("the Authorization header must be 'Bearer <key>'")
+        return self.tenant_for_key(key)
+
+    def tenant_for_key(self, key: str) -> str:
+        """The tenant of a bare key (as `x-api-key` carries it); `Unauthorized` if none."""
+        if self.open:
+            return LOCAL_TENANT
+        if not key.strip():
+            raise Unauthorized("empty API key")
         presented = _digest(key.strip())
         found: str | None = None
         for digest, tenant in self.entries:  # no early exit: constant time in the match

@@ -97,16 +97,18 @@ class Conversations:
         tools: Sequence[ToolSpec] = (),
         *,
         expected_length: int | None = None,
+        hashes: Sequence[str] | None = None,
     ) -> Sizes:
         """Make the stored conversation equal `messages` (validated, OpenAI format).
 
         When the stored transcript is a prefix of `messages` (its tip hash equals their
         prefix hash at its length) only the messages after it are written, by the same
         atomic append (O(new) in Redis and in counting); otherwise the whole transcript
-        replaces it. For clients that resend the whole transcript every turn.
+        replaces it. For clients that resend the whole transcript every turn. `hashes`:
+        the prefix hashes of `messages` when the caller has them.
         """
         scaled = self.svc.scaled(tenant, window.model)
-        hashes = prefix_hashes(messages)
+        hashes = list(hashes) if hashes is not None else prefix_hashes(messages)
         head = head_end(messages)
         tail = tail_start(messages, 0, head, self.svc.settings.keep_recent) or head
         bound, counter = is_bound(messages, 0), self.svc.counter_id

@@ -31,6 +31,7 @@ from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
+from api.proxy.upstream import Transport
 from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
@@ -39,6 +40,7 @@ from shared.store.client import connect
 from shared.store.increments import AsyncIncrements, Increments
 from shared.store.lookup import RecordLookup
 from shared.store.tally import Tally
+from shared.validation import ValidatedPrefixes
 
 
 def async_client_like(client: redis.Redis) -> redis.asyncio.Redis:
@@ -89,6 +91,9 @@ class Services:
         self.cache = ConversationCache(Increments(client))
         self.ratios = CachedRatios(self.store.ratios)
         self.counter_id = counter_id(self.base)
+        self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
+        # transcripts resent every turn (the proxy's) are validated in O(new)
+        self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
         self.trigger = SummaryTrigger(
             self.store, self.enqueue, on_sent=self.metrics.sent, on_claimed=self.metrics.claimed
         )
@@ -150,11 +155,12 @@ class Services:
             return found
 
     async def aclose(self) -> None:
-        """Close this loop's async client (the sync ones are closed by `close`)."""
+        """Close this loop's async clients (the sync ones are closed by `close`)."""
         with self._lock:
             found = self._aclients.pop(asyncio.get_running_loop(), None)
         if found is not None:
             await found.aclose()
+        await self.transport.aclose()
 
     def broker(self) -> Any:
         """A Redis client on the broker (for readiness and queue depth), made on first use."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -44,6 +46,15 @@ log = get_logger(__name__)
 POLL_S = 0.025
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A stored conversation's prompt to send now: the result, its report, a job to send."""
+
+    prepared: Prepared
+    report: dict[str, Any]
+    claim: Claim | None
+
+
 class Preparer:
     """The prepare and observe routes' logic, on the app's services."""
 
@@ -62,6 +73,55 @@ class Preparer:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
         tools = incoming_tools(req.tools, format=req.format)
         loaded, best, counter, degraded = await self._stored_state(tenant, conv_id, window)
+        wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
+        fitted = await self.fit(
+            tenant,
+            conv_id,
+            loaded,
+            best,
+            tools,
+            window,
+            pressure=req.pressure,
+            wait_ms=wait,
+            rec=rec,
+            counter=counter,
+            degraded=degraded,
+            request=request,
+        )
+        report = fitted.report
+        body = prepared_body(
+            fitted.prepared.messages,
+            report["tokens_after"],
+            report,
+            format=req.format,
+            loaded=loaded,
+        )
+        return body, fitted.claim
+
+    async def fit(
+        self,
+        tenant: str,
+        conv_id: str,
+        loaded: Loaded,
+        best: SummaryRecord | None,
+        tools: list[ToolSpec],
+        window: Window,
+        *,
+        pressure: float,
+        wait_ms: int,
+        rec: RequestLog,
+        counter: ScaledCounter | None = None,
+        degraded: bool = False,
+        request: Request | None = None,
+    ) -> Fitted:
+        """The stored prepare of `loaded` (the conversation `conv_id` as stored) with `best`.
+
+        Asks the workers for a due summary (the claim, for the caller to send) and waits up
+        to `wait_ms` for it; never calls an LLM. `degraded`: Redis did not answer, `loaded`
+        is this process's cached copy (nothing is asked for, nothing waited on).
+        """
+        if counter is None:
+            counter = await self._counter(tenant, window.model)
         policy = make_policy(self.svc.settings, window, counter)
         _, tail = policy.regions(loaded.messages)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
@@ -71,37 +131,33 @@ class Preparer:
                     self.svc.store.records.best, tenant, conv_id, upto_max=tail
                 )
         prepared = await self._prepare(
-            policy, loaded.messages, tools, window, best, req.pressure, loaded.hashes
+            policy, loaded.messages, tools, window, best, pressure, loaded.hashes
         )
         report = _report(prepared)
         claim = None
         if report["stale"] and not degraded:
-            wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
             extra = self.svc.base.count_tools(tools, window.model)
             step = size_step(report["tokens_before"], report["budget"])
             claim = await self._claim(tenant, conv_id, loaded, window, best, rec, extra, step)
             newer = None
-            if wait > 0:
+            if wait_ms > 0:
                 clock = clock_of(request) if request is not None else None
                 if clock is not None:  # the client asked to wait: not Redis being slow
-                    clock.extend(wait / 1000)
+                    clock.extend(wait_ms / 1000)
                 if claim is not None:  # sent now: the wait is for its result
                     await run_in_threadpool(self.svc.trigger.send, claim)
                     claim = None
-                newer = await self._wait(tenant, conv_id, best, tail, wait, rec)
+                newer = await self._wait(tenant, conv_id, best, tail, wait_ms, rec)
             if newer is not None:
                 prepared = await self._prepare(
-                    policy, loaded.messages, tools, window, newer, req.pressure, loaded.hashes
+                    policy, loaded.messages, tools, window, newer, pressure, loaded.hashes
                 )
                 report = _report(prepared)
             if rec.waited_ms is not None:
                 report["waited_ms"] = rec.waited_ms
         report["degraded"] = degraded
         _note(rec, report, degraded=degraded)
-        body = prepared_body(
-            prepared.messages, report["tokens_after"], report, format=req.format, loaded=loaded
-        )
-        return body, claim
+        return Fitted(prepared, report, claim)
 
     async def _stored_state(
         self, tenant: str, conv_id: str, window: Window
@@ -166,11 +222,41 @@ class Preparer:
         one is refused (`ImplausibleObservation`, shared/settling.py) and changes nothing."""
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
-        estimated = self.svc.base.count(messages, tools, req.model)
+        await self.calibrate(tenant, req.model, messages, tools, req.actual_prompt_tokens)
+
+    async def calibrate(
+        self,
+        tenant: str,
+        model: str,
+        sent: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        actual_prompt_tokens: int,
+        *,
+        estimated: int | None = None,
+    ) -> None:
+        """Feed a provider's own prompt count for what was `sent` on `tenant`'s behalf into
+        the tenant's ratio of `model` (the proxy's way in; `ImplausibleObservation` as
+        `observe`). `estimated`: the uncalibrated estimate of `sent` when the caller has it
+        (counting a large prompt again costs milliseconds)."""
+        if estimated is None:
+            estimated = self.svc.base.count(list(sent), list(tools), model)
         if estimated <= 0:
             raise InvalidRequest("nothing to calibrate on: the messages and tools count 0 tokens")
-        observed = req.actual_prompt_tokens / estimated
-        await run_in_threadpool(self.svc.ratios.observe, tenant, req.model, observed)
+        observed = actual_prompt_tokens / estimated
+        await run_in_threadpool(self.svc.ratios.observe, tenant, model, observed)
+
+    async def record_for(
+        self, tenant: str, window: Window, messages: list[Message], hashes: list[str]
+    ) -> SummaryRecord | None:
+        """The tenant's longest summary record for a prefix of `messages`, from any of its
+        conversations (cut points in (head, tail]); `hashes` are their prefix hashes."""
+        policy = make_policy(self.svc.settings, window, self.svc.base)
+        return await self._same_prefix(tenant, policy, messages, hashes)
+
+    async def counter_for(self, tenant: str, model: str) -> ScaledCounter:
+        """The counter a prepare of `model` for `tenant` measures with (its ratio read once,
+        cached 1 s)."""
+        return await self._counter(tenant, model)
 
     # --- helpers -------------------------------------------------------------------------
     async def _counter(self, tenant: str, model: str) -> ScaledCounter:

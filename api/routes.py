@@ -14,6 +14,7 @@ from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Path, Request, Response
+from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
@@ -186,6 +187,29 @@ async def observe(request: Request, body: ObserveRequest, tenant: Tenant, svc: S
     _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
     await Preparer(svc).observe(tenant, body)
     return Response(status_code=204)
+
+
+INDEX = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>prefit</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 2em auto">
+<h1>prefit</h1>
+<p>Keeps long LLM conversations inside the model's input window, with summaries computed
+ahead of time.</p>
+<ul>
+<li><a href="/docs">/docs</a>: the API, interactive (<a href="/openapi.json">OpenAPI</a>)</li>
+<li>Drop-in proxy: point the OpenAI SDK at <code>/v1</code>, the Anthropic SDK at
+<code>/</code> (<code>POST /v1/chat/completions</code>, <code>POST /v1/messages</code>)</li>
+<li><a href="/healthz">/healthz</a>, <a href="/readyz">/readyz</a>,
+<a href="/metrics">/metrics</a></li>
+</ul>
+</body></html>
+"""
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> HTMLResponse:
+    """A short page for whoever opens the service in a browser: where the docs are."""
+    return HTMLResponse(INDEX)
 
 
 @router.get("/healthz")

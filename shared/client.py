@@ -206,9 +206,12 @@ class PrefitClient(_Base):
         messages: Sequence[Message],
         actual_prompt_tokens: int,
         tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
     ) -> None:
-        """Report the provider's real prompt-token count for what was sent (calibration)."""
-        self._call(observe_call(model, messages, tools, actual_prompt_tokens))
+        """Report the provider's real prompt-token count for what was sent (calibration);
+        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them."""
+        self._call(observe_call(model, messages, tools, actual_prompt_tokens, format, system))
 
     def health(self) -> Health:
         """`/healthz`, once, without retries; never raises for an unreachable service."""
@@ -344,9 +347,12 @@ class AsyncPrefitClient(_Base):
         messages: Sequence[Message],
         actual_prompt_tokens: int,
         tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
     ) -> None:
-        """Report the provider's real prompt-token count for what was sent (calibration)."""
-        await self._call(observe_call(model, messages, tools, actual_prompt_tokens))
+        """Report the provider's real prompt-token count for what was sent (calibration);
+        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them."""
+        await self._call(observe_call(model, messages, tools, actual_prompt_tokens, format, system))
 
     async def health(self) -> Health:
         """`/healthz`, once, without retries; never raises for an unreachable service."""

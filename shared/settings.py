@@ -88,6 +88,20 @@ class Settings(BaseSettings):
     allow_open: bool = False  # open mode (no API keys) on a non-loopback address
     metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
 
+    # drop-in proxy (api/proxy): the providers it forwards to, with the deployment's keys
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: SecretStr | None = None
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key: SecretStr | None = None
+    # opt-in: forward each client's own provider key (see docs/api.md, "Provider keys")
+    proxy_forward_client_keys: bool = False
+    upstream_connect_timeout_s: float = 5.0
+    upstream_read_timeout_s: float = 600.0  # between two bytes of an answer, not in total
+    upstream_write_timeout_s: float = 60.0
+    upstream_pool_timeout_s: float = 30.0
+    upstream_max_connections: int = 200
+    upstream_keepalive_s: float = 60.0
+
     # misc
     tiktoken_dir: Path | None = None
     # tiktoken's own convention: a folder of files named by the SHA-1 of their download URL

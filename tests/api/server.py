@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from shared.redisproc import free_port
 
@@ -16,9 +16,9 @@ START_TIMEOUT_S = 10.0
 
 
 @contextmanager
-def serve(app: FastAPI, host: str = "127.0.0.1") -> Iterator[str]:
-    """Run `app` under uvicorn, bound to `host`, until the block ends; yields its base URL
-    on 127.0.0.1."""
+def serve(app: Starlette, host: str = "127.0.0.1") -> Iterator[str]:
+    """Run `app` (the API or a fake provider) under uvicorn, bound to `host`, until the block
+    ends; yields its base URL on 127.0.0.1."""
     port = free_port()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)

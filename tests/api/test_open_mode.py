@@ -55,7 +55,9 @@ def test_open_mode_on_0000_refuses_requests_on_other_addresses(
         local, remote = urls(base, address)
         assert httpx.get(f"{local}/healthz").status_code == 200
         hello = [{"role": "user", "content": "hello"}]
-        assert httpx.post(f"{local}/v1/prepare", json={"messages": hello, "model": model}).is_success
+        assert httpx.post(
+            f"{local}/v1/prepare", json={"messages": hello, "model": model}
+        ).is_success
         for path in ("/healthz", "/metrics", "/v1/conversations/c1"):
             r = httpx.get(f"{remote}{path}")
             assert r.status_code == 403, (path, r.text)
