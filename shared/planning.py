@@ -46,14 +46,16 @@ def plan_summary(
 ) -> SummaryPlan | None:
     """See `ContextPolicy.plan_summary`."""
     budget = policy.budget(model)
-    built, record = policy.with_best(transcript, book)
+    head, tail = policy.regions(transcript)
+    built, record = policy.with_best(transcript, book, hashes)
+    start = record.upto if record is not None else head
+    if start >= tail:  # what is left to summarize lies in the protected recent turns
+        return None
     tokens = policy.counter.count(built, tools, model) + extra_tokens
     if policy.state(tokens, model) == "under":
         return None
-    head, tail = policy.regions(transcript)
     growth = max(0, int(policy.trigger * budget) - tokens)
     keep = max(0, int(policy.summarize_params.keep_tokens_ratio * budget) - growth)
-    start = record.upto if record is not None else head
     cut = plan_cut(
         transcript,
         start=start,
@@ -67,32 +69,3 @@ def plan_summary(
     cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
     return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
 
-
-def summary_due(
-    policy: ContextPolicy,
-    transcript: Sequence[Message],
-    *,
-    tools: Sequence[ToolSpec] = (),
-    model: str | None = None,
-    book: SummaryBook | None = None,
-    extra_tokens: int = 0,
-    hashes: Sequence[str] | None = None,
-) -> bool:
-    """See `ContextPolicy.summary_due`: `plan_summary` would plan a record."""
-    head, tail = policy.regions(transcript)
-    record = None
-    if book is not None and book.records:
-        record = book.best(transcript, upto_max=tail, hashes=hashes)
-    start = record.upto if record is not None and record.upto > head else head
-    if start >= tail:  # what is left to summarize lies in the protected recent turns
-        return False
-    plan = plan_summary(
-        policy,
-        transcript,
-        tools=tools,
-        model=model,
-        book=book,
-        extra_tokens=extra_tokens,
-        hashes=hashes,
-    )
-    return plan is not None

@@ -16,7 +16,7 @@ from shared.head import Head, head_of
 from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
 from shared.messages import Message, ToolSpec, groups, tail_start
-from shared.planning import SummaryPlan, plan_summary, summary_due
+from shared.planning import SummaryPlan, plan_summary
 from shared.reports import does_not_fit, new_report, outcome
 from shared.serving import from_book, with_best
 from shared.strategies import (
@@ -311,23 +311,11 @@ class ContextPolicy:
             hashes=hashes,
         )  # fmt: skip
 
-    def summary_due(
-        self,
-        transcript: Sequence[Message],
-        *,
-        tools: Sequence[ToolSpec] = (),
-        model: str | None = None,
-        book: SummaryBook | None = None,
-        extra_tokens: int = 0,
-        hashes: Sequence[str] | None = None,
-    ) -> bool:
-        """Whether the workers could write a better record now (`plan_summary` has one): what
-        `report["stale"]` requires, so a conversation with nothing left to summarize outside
-        the protected recent turns is never waited on nor asked for again."""
-        return summary_due(
-            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens,
-            hashes=hashes,
-        )  # fmt: skip
+    def summary_due(self, transcript: Sequence[Message], **plan: Any) -> bool:
+        """Whether the workers could write a better record now: `plan_summary(transcript,
+        **plan)` has one. `report["stale"]` requires it, so a conversation with nothing left
+        to summarize outside the protected recent turns is never waited on nor asked for."""
+        return self.plan_summary(transcript, **plan) is not None
 
     # --- helpers ----------------------------------------------------------------------------
     def _work(
