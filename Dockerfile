@@ -43,5 +43,11 @@ RUN cd "${TIKTOKEN_DIR}" && sha256sum -c SHA256SUMS
 RUN useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin prefit
 USER prefit:prefit
 
+# The API listens on every interface of the container, so it needs API keys:
+#   docker run -p 8000:8000 -e PREFIT_API_KEYS=tenant:secret -e REDIS_URL=redis://... prefit
+# Without PREFIT_API_KEYS the app refuses to start (PREFIT_HOST says where it listens): open
+# mode would serve one tenant to anyone who can reach the port. PREFIT_ALLOW_OPEN=true says
+# that is intended (a private network); the healthcheck's loopback requests always pass.
+ENV PREFIT_HOST=0.0.0.0
 EXPOSE 8000
 CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log"]

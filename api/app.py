@@ -2,8 +2,12 @@
 
 Building the app reads settings and API keys but connects to nothing: Redis and the broker
 are reached on the first request. With no API keys configured the service runs in open
-mode (one tenant, `local`) and must listen on loopback only: `requires_loopback(settings)`
-says so to the CLI, which enforces the bind, and start-up logs a warning.
+mode (one tenant, `local`) and serves loopback only, unless `PREFIT_ALLOW_OPEN=true`: the
+app itself refuses (403) requests that arrive on any other address, start-up fails when
+`PREFIT_HOST` is not loopback, and `requires_loopback(settings)` tells the CLI.
+
+Middleware, outermost first: the request logger (sees every answer), the open-mode guard,
+the request deadline (api/deadline.py), the body-size limit.
 """
 
 from __future__ import annotations
@@ -16,11 +20,14 @@ import structlog
 from fastapi import FastAPI
 
 from api import errors, routes
-from api.auth import LOCAL_TENANT
+from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, LoopbackOnly, is_loopback
+from api.deadline import RequestDeadline
 from api.deps import Services
 from api.enqueue import Enqueue
 from api.limits import BodyLimit
 from api.logging import RequestLogger
+from api.proxy import routes as proxy_routes
+from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, get_settings
 from shared.store import Store
@@ -34,8 +41,9 @@ DESCRIPTION = (
 
 
 def requires_loopback(settings: Settings) -> bool:
-    """True when no API key is configured: the server must then bind to loopback only."""
-    return settings.open_access
+    """True when no API key is configured and open mode was not opted into: the server must
+    then bind to loopback only."""
+    return settings.open_access and not settings.allow_open
 
 
 def create_app(
@@ -59,10 +67,17 @@ def create_app(
         if configure_logs and not structlog.is_configured():
             configure_logging(json=chosen.log_json, level=chosen.log_level)
         if services.keyring.open:
+            guarded = not chosen.allow_open
+            if guarded and not is_loopback(chosen.host):
+                raise ConfigError(OPEN_MODE_REFUSAL.format(address=f"PREFIT_HOST={chosen.host}"))
             log.warning(
                 "api.open_mode",
                 tenant=LOCAL_TENANT,
-                detail="no PREFIT_API_KEYS: one local tenant; bind to loopback only",
+                loopback_only=guarded,
+                detail="no PREFIT_API_KEYS: one local tenant, "
+                + (
+                    "served on loopback only" if guarded else "served to anyone (PREFIT_ALLOW_OPEN)"
+                ),
             )
         warm = getattr(services.enqueue, "warm", None)
         if callable(warm):  # Celery's imports take ~1 s: not on the first request's time
@@ -78,7 +93,11 @@ def create_app(
     app.state.services = services
     errors.install(app)
     app.include_router(routes.router)
+    app.include_router(proxy_routes.router)
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
+    app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
+    if requires_loopback(chosen):
+        app.add_middleware(LoopbackOnly)
     app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s
     return app
 

@@ -2,21 +2,40 @@
 
 `PREFIT_API_KEYS` holds `tenant:key` pairs. Only SHA-256 digests of the keys are kept, and a
 presented key is compared with every digest by `hmac.compare_digest` (no early exit), so
-neither the keys nor which one matched leak through memory dumps or timing. With no keys
-configured the service has one tenant, `local`, and must only listen on loopback.
+neither the keys nor which one matched leak through memory dumps or timing.
+
+With no keys configured the service has one tenant, `local`, anyone who reaches it is that
+tenant, so it serves loopback only: `LoopbackOnly` refuses (403) every request that arrived
+on a non-loopback local address (ASGI `scope["server"]`: the address of the socket the
+connection came in on, whatever the bind), unless the operator opted in with
+`PREFIT_ALLOW_OPEN=true`. A local address that is not an IP (a Unix socket, an in-process
+client) counts as loopback; an unknown one does not.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from dataclasses import dataclass
+from typing import Any
 
+from pydantic import SecretStr
+from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from api.errors import error_response
+from api.logging import request_log
 from shared import keys
-from shared.errors import ConfigError, InvalidId, Unauthorized
+from shared.errors import ConfigError, Forbidden, InvalidId, Unauthorized
 
 LOCAL_TENANT = "local"
 SCHEME = "bearer"
+OPEN_MODE_REFUSAL = (
+    "open mode (no PREFIT_API_KEYS) serves loopback only, and this request arrived on "
+    "{address}: set PREFIT_API_KEYS (tenant:key,...) or, to serve anyone who can reach this "
+    "address as one tenant, PREFIT_ALLOW_OPEN=true"
+)
 
 
 def _digest(key: str) -> bytes:
@@ -72,6 +91,14 @@ class KeyRing:
         scheme, _, key = authorization.strip().partition(" ")
         if scheme.lower() != SCHEME or not key.strip():
             raise Unauthorized("the Authorization header must be 'Bearer <key>'")
+        return self.tenant_for_key(key)
+
+    def tenant_for_key(self, key: str) -> str:
+        """The tenant of a bare key (as `x-api-key` carries it); `Unauthorized` if none."""
+        if self.open:
+            return LOCAL_TENANT
+        if not key.strip():
+            raise Unauthorized("empty API key")
         presented = _digest(key.strip())
         found: str | None = None
         for digest, tenant in self.entries:  # no early exit: constant time in the match
@@ -80,3 +107,56 @@ class KeyRing:
         if found is None:
             raise Unauthorized("invalid API key")
         return found
+
+
+def metrics_access(token: SecretStr | None, authorization: str | None) -> bool:
+    """Whether a scrape may see per-tenant series: only with `PREFIT_METRICS_TOKEN` as its
+    bearer token. Without a header it sees aggregates; a wrong token is `Unauthorized`."""
+    if token is None or not authorization:
+        return False
+    scheme, _, presented = authorization.strip().partition(" ")
+    expected = _digest(token.get_secret_value())
+    if scheme.lower() != SCHEME or not hmac.compare_digest(expected, _digest(presented.strip())):
+        raise Unauthorized("invalid metrics token (PREFIT_METRICS_TOKEN)")
+    return True
+
+
+def is_loopback(host: Any) -> bool:
+    """True for a loopback IP (IPv4-mapped too) or `localhost`; False for other IPs."""
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+def arrived_locally(scope: Scope) -> bool:
+    """Whether the request came in on a loopback address (or a non-IP one: a Unix socket)."""
+    server = scope.get("server")
+    if not server:
+        return False
+    host = server[0]
+    try:
+        ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return host is not None  # a socket path, or an in-process test client's name
+    return is_loopback(host)
+
+
+class LoopbackOnly:
+    """Refuse, 403 `Forbidden`, every request that did not arrive on a loopback address."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or arrived_locally(scope):
+            await self.app(scope, receive, send)
+            return
+        request_log(Request(scope)).error = "Forbidden"
+        address = (scope.get("server") or ("an unknown address",))[0]
+        refused = Forbidden(OPEN_MODE_REFUSAL.format(address=address))
+        await error_response(refused)(scope, receive, send)

@@ -4,8 +4,11 @@ A stored prepare needs the whole transcript; decoding 128k tokens of JSON per ca
 dominate its latency. The cache keeps each conversation's decoded messages, their stored
 canonical JSON and their prefix hashes, and every load asks the store (one round trip) for
 what follows the cached prefix, verified by hash: an append costs a read of the new
-messages, a replace a full reload, and nothing stale is ever served. Entries are never
-mutated (a prepare in flight keeps its snapshot); an update makes a new entry.
+messages, a replace a full reload, and nothing stale is ever served as current. Entries are
+never mutated (a prepare in flight keeps its snapshot); an update makes a new entry.
+
+`peek` hands out the last snapshot (and the best record seen with it) without asking Redis:
+only for an answer marked degraded, when Redis does not answer in time.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class ConversationCache:
         self._max_chars = max_chars
         self._max_entries = max_entries
         self._entries: OrderedDict[tuple[str, str], Loaded] = OrderedDict()
+        self._best: dict[tuple[str, str], SummaryRecord | None] = {}
         self._chars = 0
         self._lock = threading.Lock()
 
@@ -107,10 +111,21 @@ class ConversationCache:
             self.drop(tenant, conv_id)
             raise NotFound(f"conversation {conv_id!r} not found")
         if not inc.raw and known.length == inc.length:
-            return known, inc.best
-        loaded = known.extended([json.loads(r) for r in inc.raw], inc.raw, inc.hashes)
-        self._put(tenant, conv_id, loaded)
+            loaded = known
+        else:
+            loaded = known.extended([json.loads(r) for r in inc.raw], inc.raw, inc.hashes)
+            self._put(tenant, conv_id, loaded)
+        with self._lock:
+            if (tenant, conv_id) in self._entries:
+                self._best[(tenant, conv_id)] = inc.best
         return loaded, inc.best
+
+    def peek(self, tenant: str, conv_id: str) -> tuple[Loaded, SummaryRecord | None] | None:
+        """The cached snapshot and the best record last seen with it, unverified (degraded
+        answers only); None if the conversation is not cached."""
+        with self._lock:
+            found = self._entries.get((tenant, conv_id))
+            return (found, self._best.get((tenant, conv_id))) if found is not None else None
 
     def appended(
         self,
@@ -133,6 +148,7 @@ class ConversationCache:
     def drop(self, tenant: str, conv_id: str) -> None:
         with self._lock:
             gone = self._entries.pop((tenant, conv_id), None)
+            self._best.pop((tenant, conv_id), None)
             if gone is not None:
                 self._chars -= gone.weight
 
@@ -154,5 +170,6 @@ class ConversationCache:
             self._entries[(tenant, conv_id)] = loaded
             self._chars += loaded.weight
             while self._chars > self._max_chars or len(self._entries) > self._max_entries:
-                _, evicted = self._entries.popitem(last=False)
+                key, evicted = self._entries.popitem(last=False)
+                self._best.pop(key, None)
                 self._chars -= evicted.weight

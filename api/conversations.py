@@ -1,52 +1,48 @@
-"""Stored conversations: append, replace, describe, delete (sync: run in the threadpool).
+"""Stored conversations: append, sync (PUT), describe, delete (sync: run in the threadpool).
 
-An append costs O(new messages + recent turn groups), never O(conversation): it validates the
-new messages against the last stored group, counts only them, extends the running tally, and
-measures the effective tokens (head + best summary + rest) from three tally reads. When
-those near the trigger it asks the workers for the next summary, once per state.
+Every check runs before the one write: limits, the window, the tool specs, the tenant's
+calibration ratio, the messages validated against the stored tip. The write itself is one
+Lua call (shared/store/writes.py) that extends the messages, their prefix chain, the running
+token tally and the metadata together, so a request that is refused has changed nothing.
+
+An append costs O(new messages + recent turn groups), never O(conversation): it validates
+the new messages against the last stored group, counts only them, and the same call measures
+the effective tokens (head + best summary + rest) from the tally. Appends without
+`expected_length` never lose a race: messages valid after any tip land wherever the tip is;
+messages that depend on the tip (tool results, or a tip with unanswered tool calls) are
+written only if the tip is still the one they were validated against, and otherwise
+validated again against the new tip (which then accepts them, or refuses them precisely).
+When the effective tokens near the trigger the workers are asked for the next summary, once
+per state.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import accumulate
 
 from api.deps import Services
-from api.enqueue import Claim, size_step
 from api.payloads import incoming, incoming_tools, validate_appended
-from api.policies import Window, make_policy
+from api.policies import Window
 from api.schemas import AppendRequest, ConversationInfo, ReplaceRequest, SummaryInfo
-from api.views import View, context_start, read_view, tail_start
-from shared.calibration import ScaledCounter, scale
-from shared.errors import InvalidTranscript, LengthMismatch, NotFound, StoreUnavailable
-from shared.jobs import SummaryJob
+from api.sizes import Sizes, Sizing
+from api.views import View, context_start, is_bound, kept_head_end, tail_start
+from shared.calibration import scale
+from shared.errors import InvalidTranscript, LengthMismatch, NotFound, WriteConflict
+from shared.hashing import prefix_hashes
+from shared.head import head_end
 from shared.logs import get_logger
-from shared.messages import ToolSpec, head_end, validate
-from shared.policy import State
-from shared.store.chain import EMPTY, extend_chain
-from shared.summaries import SummaryRecord
-from shared.summarize import summary_message
+from shared.messages import Message, ToolSpec, validate
+from shared.store.writes import Append, Replacement
 
 log = get_logger(__name__)
 
-RACE_ATTEMPTS = 8  # appends without expected_length retry when another writer got in first
+# Validations of one write against a tip that kept moving under it. Each refusal means
+# another writer's append landed, so this bounds a pathological stream, not normal traffic.
+MAX_REVALIDATIONS = 64
 
-# (upto, head) -> base tokens of the first `upto` and of the first `head` messages
-Cum = Callable[[int, int], tuple[int, int]]
-
-
-@dataclass(frozen=True)
-class Sizes:
-    """A stored conversation's size now, and where it stands against the trigger."""
-
-    length: int
-    tokens: int
-    effective_tokens: int
-    state: State
-    best: SummaryRecord | None
-    claim: Claim | None = None  # a summary job to send once the answer is out
+__all__ = ["Conversations", "Sizes"]
 
 
 class Conversations:
@@ -55,136 +51,166 @@ class Conversations:
     def __init__(self, svc: Services) -> None:
         self.svc = svc
         self.base = svc.base
-
-    def _view(self, tenant: str, conv_id: str) -> View:
-        """The conversation's tip and token total, as `read_view` reads it for this service."""
-        return read_view(
-            self.svc.tally,
-            tenant,
-            conv_id,
-            counter=self.base,
-            counter_id=self.svc.counter_id,
-            keep_recent=self.svc.settings.keep_recent,
-        )
+        self.writes = svc.store.conversations.writes
+        self.sizing = Sizing(svc)
 
     # --- writes --------------------------------------------------------------------------
     def append(self, tenant: str, conv_id: str, req: AppendRequest, window: Window) -> Sizes:
-        for _ in range(RACE_ATTEMPTS):
-            view = self._view(tenant, conv_id)
-            if req.expected_length is not None and view.length != req.expected_length:
-                raise LengthMismatch(req.expected_length, view.length)
-            if req.system is not None and view.length:
-                raise InvalidTranscript(
-                    "'system' can only be given when the conversation is "
-                    "created; replace it (PUT) to change it"
-                )
-            new = incoming(req.messages, format=req.format, system=req.system, previous=view.last)
-            start = context_start(view.window) or 0
-            validate_appended(view.window[start:], new, format=req.format)
-            cumulative = list(
-                accumulate((self.base.count_message(m) for m in new), initial=view.total)
+        """Append the request's messages (see the module); `LengthMismatch` if
+        `expected_length` differs, `InvalidTranscript` if they do not continue the tip."""
+        tools = incoming_tools(req.tools, format=req.format)
+        scaled = self.svc.scaled(tenant, window.model)
+        for _ in range(MAX_REVALIDATIONS):
+            view = self.sizing.view(tenant, conv_id)
+            new = self._checked(view, req)
+            head = head_end([*view.window, *new]) if view.offset == 0 else view.head_end
+            done = self.writes.append(tenant, conv_id, self._plan(view, new, head, req, window))
+            if done.refused is None:
+                break
+            log.info(
+                "conversation.append_revalidated",
+                tenant=tenant,
+                conversation_id=conv_id,
+                reason=done.refused,
             )
-            try:
-                length = self.svc.store.conversations.append(
-                    tenant,
-                    conv_id,
-                    new,
-                    expected_length=view.length,
-                    model=window.model,
-                    tokens=cumulative[-1],
-                )
-            except LengthMismatch:
-                if req.expected_length is not None:
-                    raise
-                continue  # another writer appended since the view was read: read again
-            break
         else:
-            raise StoreUnavailable(f"append kept racing other writers ({RACE_ATTEMPTS} attempts)")
-        full = [*view.window, *new]
-        head = head_end(full) if view.offset == 0 else view.head_end
-        tail = tail_start(full, view.offset, head, self.svc.settings.keep_recent) or head
-        new_hash = extend_chain(view.last_hash, new)[-1] if new else view.last_hash
-        ext = self.svc.tally.extend(
-            tenant,
-            conv_id,
-            counter=self.svc.counter_id,
-            old_hash=view.last_hash,
-            old_length=view.length,
-            new_hash=new_hash,
-            head_end=head,
-            cumulative=cumulative[1:],
-            upto_max=tail,
-        )
+            raise WriteConflict(_conflict(conv_id))
         self.svc.cache.appended(
-            tenant, conv_id, old_length=view.length, old_hash=view.last_hash, messages=new
+            tenant, conv_id, old_length=done.old_length, old_hash=done.old_hash, messages=new
         )
-        known: Cum = lambda upto, head: (ext.tokens_upto, ext.tokens_head)  # noqa: E731
-        return self._measure(
-            tenant,
-            conv_id,
-            window,
-            length=length,
-            last_hash=new_hash,
-            total=cumulative[-1],
-            head=head,
-            best=ext.best,
-            cum=known if ext.extended else self._recount(tenant, conv_id),
-            tools=incoming_tools(req.tools, format=req.format),
-        )
+        return self.sizing.after(tenant, conv_id, window, scaled, tools, done, head)
 
     def replace(self, tenant: str, conv_id: str, req: ReplaceRequest, window: Window) -> Sizes:
+        """PUT: the request's transcript becomes the conversation (see `sync`)."""
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
-        cumulative = list(accumulate((self.base.count_message(m) for m in messages), initial=0))
-        length = self.svc.store.conversations.replace(
-            tenant,
-            conv_id,
-            messages,
-            expected_length=req.expected_length,
-            model=window.model,
-            tokens=cumulative[-1],
+        tools = incoming_tools(req.tools, format=req.format)
+        return self.sync(
+            tenant, conv_id, messages, window, tools, expected_length=req.expected_length
         )
-        self.svc.cache.drop(tenant, conv_id)
+
+    def sync(
+        self,
+        tenant: str,
+        conv_id: str,
+        messages: list[Message],
+        window: Window,
+        tools: Sequence[ToolSpec] = (),
+        *,
+        expected_length: int | None = None,
+        hashes: Sequence[str] | None = None,
+    ) -> Sizes:
+        """Make the stored conversation equal `messages` (validated, OpenAI format).
+
+        When the stored transcript is a prefix of `messages` (its tip hash equals their
+        prefix hash at its length) only the messages after it are written, by the same
+        atomic append (O(new) in Redis and in counting); otherwise the whole transcript
+        replaces it. For clients that resend the whole transcript every turn. `hashes`:
+        the prefix hashes of `messages` when the caller has them.
+        """
+        scaled = self.svc.scaled(tenant, window.model)
+        hashes = list(hashes) if hashes is not None else prefix_hashes(messages)
         head = head_end(messages)
-        last_hash = extend_chain(EMPTY, messages)[-1] if messages else EMPTY
-        self.svc.tally.rebuild(
-            tenant,
-            conv_id,
-            counter=self.svc.counter_id,
-            last_hash=last_hash,
-            head_end=head,
-            cumulative=cumulative[1:],
-        )
         tail = tail_start(messages, 0, head, self.svc.settings.keep_recent) or head
-        return self._measure(
-            tenant,
-            conv_id,
-            window,
-            length=length,
-            last_hash=last_hash,
-            total=cumulative[-1],
-            head=head,
-            best=self.svc.store.records.best(tenant, conv_id, upto_max=tail),
-            cum=lambda upto, head: (cumulative[upto], cumulative[head]),
-            tools=incoming_tools(req.tools, format=req.format),
-        )
+        bound, counter = is_bound(messages, 0), self.svc.counter_id
+        for _ in range(MAX_REVALIDATIONS):
+            tip = self.svc.tally.tip(tenant, conv_id, counter=self.svc.counter_id, tail=1)
+            if expected_length is not None and tip.length != expected_length:
+                raise LengthMismatch(expected_length, tip.length)
+            k = tip.length
+            if not (tip.exists and k <= len(messages) and hashes[k] == tip.last_hash):
+                counts = accumulate(self.base.count_message(m) for m in messages)
+                whole = Replacement(
+                    messages,
+                    hashes,
+                    list(counts),
+                    counter=counter,
+                    expected_length=expected_length,
+                    bound=bound,
+                    head_end=kept_head_end(messages, len(messages)),
+                    upto_max=tail,
+                    model=window.model,
+                )
+                done = self.writes.replace(tenant, conv_id, whole)
+                self.svc.cache.drop(tenant, conv_id)
+                return self.sizing.after(tenant, conv_id, window, scaled, tools, done, head)
+            new = messages[k:]
+            counts_new = [self.base.count_message(m) for m in new]
+            grow = Append(
+                new,
+                counts_new,
+                counter=counter,
+                after=tip.last_hash,
+                expected_length=k,
+                bound=bound,
+                head_end=kept_head_end(messages, len(messages)),
+                viewed=k,
+                upto_max=tail,
+                model=window.model,
+            )
+            try:
+                done = self.writes.append(tenant, conv_id, grow)
+            except LengthMismatch:
+                continue  # another writer got in first: look again
+            if done.refused is None:
+                self.svc.cache.appended(
+                    tenant, conv_id, old_length=k, old_hash=tip.last_hash, messages=new
+                )
+                return self.sizing.after(tenant, conv_id, window, scaled, tools, done, head)
+        raise WriteConflict(_conflict(conv_id))
 
     def delete(self, tenant: str, conv_id: str) -> bool:
         existed = self.svc.store.conversations.delete(tenant, conv_id)
-        self.svc.tally.delete(tenant, conv_id)
         self.svc.cache.drop(tenant, conv_id)
         return existed
 
+    def _checked(self, view: View, req: AppendRequest) -> list[Message]:
+        """The request's messages in OpenAI form, checked against the stored tip."""
+        if req.expected_length is not None and view.length != req.expected_length:
+            raise LengthMismatch(req.expected_length, view.length)
+        if req.system is not None and view.length:
+            raise InvalidTranscript(
+                "'system' can only be given when the conversation is "
+                "created; replace it (PUT) to change it"
+            )
+        new = incoming(req.messages, format=req.format, system=req.system, previous=view.last)
+        start = context_start(view.window) or 0
+        validate_appended(view.window[start:], new, format=req.format)
+        return new
+
+    def _plan(
+        self, view: View, new: list[Message], head: int, req: AppendRequest, window: Window
+    ) -> Append:
+        """Where `new` may land: anywhere on an unbound tip, unless it answers the tip's
+        tool calls; else only on the tip it was validated against."""
+        full = [*view.window, *new]
+        anchored = not view.exists or view.bound or bool(new and new[0].get("role") == "tool")
+        return Append(
+            new,
+            [self.base.count_message(m) for m in new],
+            counter=self.svc.counter_id,
+            after=view.last_hash if anchored else None,
+            free=not anchored,
+            expected_length=req.expected_length,
+            bound=is_bound(full, view.offset),
+            # the first user message may still be to come: store a head end that makes the
+            # next reader recount the head (`views.kept_head_end`)
+            head_end=(kept_head_end(full, view.length + len(new)) if view.offset == 0 else head)
+            if anchored
+            else None,
+            viewed=view.length,
+            upto_max=tail_start(full, view.offset, head, self.svc.settings.keep_recent) or head,
+            model=window.model,
+        )
+
     # --- reads ---------------------------------------------------------------------------
     def info(self, tenant: str, conv_id: str) -> ConversationInfo:
-        view = self._view(tenant, conv_id)
+        view = self.sizing.view(tenant, conv_id)
         if not view.exists:
             raise NotFound(f"conversation {conv_id!r} not found")
         records = self.svc.store.records.list(tenant, conv_id)
-        tail = tail_start(view.window, view.offset, view.head_end, self.svc.settings.keep_recent)
-        best = self.svc.store.records.best(tenant, conv_id, upto_max=tail or view.head_end)
-        cum = self._tally_at(tenant, conv_id)
-        ratio = self.svc.counter.ratio(view.model)
-        effective = self._effective(view.total, view.head_end, best, cum)
+        m = self.sizing.measured(tenant, conv_id, view)
+        ratio = self.svc.scaled(tenant, view.model).ratio
+        effective = self.sizing.effective(m)
         extra = self.base.count([], (), view.model)  # priming
         now = time.time()
         return ConversationInfo(
@@ -205,73 +231,9 @@ class Conversations:
             ],
         )
 
-    # --- sizes ---------------------------------------------------------------------------
-    def _measure(
-        self,
-        tenant: str,
-        conv_id: str,
-        window: Window,
-        *,
-        length: int,
-        last_hash: str,
-        total: int,
-        head: int,
-        best: SummaryRecord | None,
-        cum: Cum,
-        tools: Sequence[ToolSpec],
-    ) -> Sizes:
-        ratio = self.svc.counter.ratio(window.model)
-        extra = self.base.count([], tools, window.model)  # tool specs + priming
-        tokens = scale(ratio, total + extra)
-        effective = scale(ratio, self._effective(total, head, best, cum) + extra)
-        policy = make_policy(self.svc.settings, window, ScaledCounter(self.base, ratio))
-        state = policy.state(effective, window.model)
-        claim = None
-        if state != "under":
-            extra = self.base.count_tools(tools, window.model)
-            job = window.job(tenant, conv_id, length, last_hash, extra)
-            claim = self._claim(job, best, size_step(effective, policy.budget(window.model)))
-        return Sizes(length, tokens, effective, state, best, claim)
 
-    def _effective(
-        self,
-        total: int,
-        head: int,
-        best: SummaryRecord | None,
-        cum: Cum,
-    ) -> int:
-        """Base tokens of [head][summary][rest], as `ContextPolicy.effective_tokens` counts."""
-        if best is None or best.upto <= head:
-            return total
-        upto_tokens, head_tokens = cum(best.upto, head)
-        summary = self.base.count_message(summary_message(best, head))
-        return total - upto_tokens + head_tokens + summary
-
-    def _claim(self, job: SummaryJob, best: SummaryRecord | None, step: int) -> Claim | None:
-        try:
-            return self.svc.trigger.claim(job, "ahead", best, step=step)
-        except StoreUnavailable as exc:  # the append is stored; the next trigger asks again
-            log.warning(
-                "summary.trigger_failed",
-                tenant=job.tenant,
-                conversation_id=job.conversation_id,
-                error=type(exc).__name__,
-            )
-            return None
-
-    def _tally_at(self, tenant: str, conv_id: str) -> Cum:
-        def at(upto: int, head: int) -> tuple[int, int]:
-            found = self.svc.tally.at(tenant, conv_id, [upto, head])
-            return found[0], found[1]
-
-        return at
-
-    def _recount(self, tenant: str, conv_id: str) -> Cum:
-        """Counts from the messages themselves, when the tally was lost to a racing writer."""
-
-        def at(upto: int, head: int) -> tuple[int, int]:
-            messages = self.svc.tally.read(tenant, conv_id, start=0, stop=max(upto, head))
-            counts = list(accumulate((self.base.count_message(m) for m in messages), initial=0))
-            return counts[min(upto, len(messages))], counts[min(head, len(messages))]
-
-        return at
+def _conflict(conv_id: str) -> str:
+    return (
+        f"conversation {conv_id!r} kept changing while this write was validated "
+        f"({MAX_REVALIDATIONS} times); nothing was written"
+    )

@@ -2,6 +2,12 @@
 
 Nothing here connects to Redis: clients connect on their first command, so building the app
 (and importing `api.app`) is safe without Redis.
+
+Redis clients are sized to the request deadline (`PREFIT_REQUEST_DEADLINE_S`, see
+api/deadline.py): a command waits at most the deadline for its reply and half of it to
+connect, a dropped connection is retried once after at most 0.1 s, a timeout never (the
+command may have run), no health-check command is added on the asyncio client, and a full
+connection pool fails at once instead of waiting (redis-py's pools do not wait).
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import redis
 import redis.asyncio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import ExponentialBackoff
 
 from api.auth import KeyRing
 from api.cache import ConversationCache
@@ -23,24 +31,30 @@ from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
-from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from api.proxy.upstream import Transport
+from shared.calibration import ScaledCounter
+from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
 from shared.store import Store
-from shared.store.client import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S, connect
+from shared.store.client import connect
 from shared.store.increments import AsyncIncrements, Increments
 from shared.store.lookup import RecordLookup
 from shared.store.tally import Tally
+from shared.validation import ValidatedPrefixes
 
 
 def async_client_like(client: redis.Redis) -> redis.asyncio.Redis:
-    """An asyncio client on the same server, database and credentials as `client`."""
+    """An asyncio client on the same server, database, credentials and timeouts as `client`,
+    retrying like it: once, quickly, on a dropped connection; never on a timeout."""
     kw = client.connection_pool.connection_kwargs
     common: dict[str, Any] = {
         "db": kw.get("db", 0),
         "username": kw.get("username"),
         "password": kw.get("password"),
-        "socket_timeout": SOCKET_TIMEOUT_S,
-        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": kw.get("socket_timeout"),
+        "socket_connect_timeout": kw.get("socket_connect_timeout"),
+        "retry": AsyncRetry(ExponentialBackoff(cap=0.1, base=0.01), 1, (redis.ConnectionError,)),
+        "health_check_interval": 0,
     }
     if "path" in kw:
         return redis.asyncio.Redis(unix_socket_path=kw["path"], **common)
@@ -76,8 +90,10 @@ class Services:
         self.lookup = RecordLookup(client)
         self.cache = ConversationCache(Increments(client))
         self.ratios = CachedRatios(self.store.ratios)
-        self.counter = CalibratedCounter(self.base, ratios=self.ratios)
         self.counter_id = counter_id(self.base)
+        self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
+        # transcripts resent every turn (the proxy's) are validated in O(new)
+        self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
         self.trigger = SummaryTrigger(
             self.store, self.enqueue, on_sent=self.metrics.sent, on_claimed=self.metrics.claimed
         )
@@ -96,12 +112,32 @@ class Services:
         cls, settings: Settings, *, store: Store | None = None, enqueue: Enqueue | None = None
     ) -> Services:
         keyring = KeyRing.parse(settings.api_keys)
+        if store is None:
+            limit = settings.request_deadline_s
+            store = Store.from_url(
+                settings.redis_url,
+                settings,
+                socket_timeout=min(settings.redis_socket_timeout_s, limit),
+                connect_timeout=min(settings.redis_connect_timeout_s, limit / 2),
+            )
         return cls(
             settings=settings,
             keyring=keyring,
-            store=store if store is not None else Store.from_url(settings.redis_url, settings),
+            store=store,
             enqueue=enqueue if enqueue is not None else CeleryEnqueue(settings),
         )
+
+    def scaled(self, tenant: str, model: str | None) -> ScaledCounter:
+        """The tenant's counter for `model`: its ratio read once (1.0 before any observation;
+        `StoreUnavailable` propagates: nothing counts with a guess)."""
+        return self.scaled_by(self.ratios.get(tenant, model))
+
+    def scaled_by(self, ratio: float | None) -> ScaledCounter:
+        """The base counter scaled by `ratio` (1.0 for None), kept within the rule's bounds."""
+        if ratio is None:
+            return ScaledCounter(self.base, 1.0)
+        low, high = self.store.ratios.rule.bounds
+        return ScaledCounter(self.base, min(max(ratio, low), high))
 
     def increments(self) -> AsyncIncrements:
         """Async incremental reads on this event loop's own Redis client (made on first use).
@@ -120,17 +156,21 @@ class Services:
             return found
 
     async def aclose(self) -> None:
-        """Close this loop's async client (the sync ones are closed by `close`)."""
+        """Close this loop's async clients (the sync ones are closed by `close`)."""
         with self._lock:
             found = self._aclients.pop(asyncio.get_running_loop(), None)
         if found is not None:
             await found.aclose()
+        await self.transport.aclose()
 
     def broker(self) -> Any:
         """A Redis client on the broker (for readiness and queue depth), made on first use."""
         with self._lock:
-            if self._broker is None:
-                self._broker = connect(self.settings.broker)
+            if self._broker is None:  # readiness and scrapes: a quarter of the deadline
+                quarter = self.settings.request_deadline_s / 4
+                self._broker = connect(
+                    self.settings.broker, socket_timeout=quarter, connect_timeout=quarter
+                )
             return self._broker
 
     def close(self, *, close_store: bool = True) -> None:

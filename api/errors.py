@@ -19,6 +19,8 @@ from api.logging import request_log
 from shared.errors import (
     ConfigError,
     DoesNotFit,
+    Forbidden,
+    ImplausibleObservation,
     InvalidId,
     InvalidRequest,
     InvalidTranscript,
@@ -30,6 +32,7 @@ from shared.errors import (
     TooLarge,
     Unauthorized,
     UnknownModel,
+    WriteConflict,
 )
 from shared.logs import get_logger
 
@@ -46,10 +49,13 @@ STATUS: dict[type[PrefitError], int] = {
     UnknownModel: 422,
     ConfigError: 422,
     InvalidRequest: 422,
+    ImplausibleObservation: 422,
     TooLarge: 422,
     NotFound: 404,
     LengthMismatch: 409,
+    WriteConflict: 409,
     Unauthorized: 401,
+    Forbidden: 403,
     StoreUnavailable: 503,
     LLMError: 503,
 }
@@ -79,6 +85,8 @@ def error_body(exc: PrefitError) -> dict[str, Any]:
             head_tokens=exc.head_tokens,
             tail_tokens=exc.tail_tokens,
             tools_tokens=exc.tools_tokens,
+            other_tokens=exc.other_tokens,
+            floor_chars=exc.floor_chars,
         )
     return body
 

@@ -47,6 +47,13 @@ class RequestLog:
     waited_ms: float | None = None
     length: int | None = None
     error: str | None = None
+    # the drop-in proxy's routes (api/proxy)
+    fit: str | None = None
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    retries: int | None = None
+    upstream_status: int | None = None
+    upstream_ms: float | None = None  # waiting for the provider's answers to start, all tries
 
     def fields(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if v is not None and v != []}

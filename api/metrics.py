@@ -4,6 +4,10 @@ Request-level numbers come from the canonical request log record; queue depth an
 are read from Redis when scraped (LLEN of the broker's summary lists, the usage counters of
 every configured tenant). A scrape with Redis down reports `prefit_store_up 0` and the
 request metrics; it never fails.
+
+Tenant names are not public: a scrape shows LLM usage summed over tenants, and per tenant
+(`prefit_tenant_*`, labelled `tenant`) only when it presents `PREFIT_METRICS_TOKEN` as a
+bearer token (`render(per_tenant=True)`; the route checks the token).
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class Metrics:
         self.errors = Counter(
             "prefit_errors", "error responses by error type", ["type"], registry=r
         )
+        self._store: StoreCollector | None = None
 
     def observe(self, record: RequestLog) -> None:
         self.requests.labels(record.route, str(record.status)).inc()
@@ -130,14 +135,22 @@ class Metrics:
         (self.enqueued if ok else self.enqueue_failures).labels(kind).inc()
 
     def watch_store(self, collector: StoreCollector) -> None:
-        self.registry.register(collector)
+        self._store = collector
 
-    def render(self) -> bytes:
-        return bytes(generate_latest(self.registry))
+    def render(self, *, per_tenant: bool = False, store: bool = True) -> bytes:
+        """The exposition: request metrics, then what Redis says (nothing read from it when
+        `store` is False: it is reported down); per-tenant series only if `per_tenant`."""
+        out = bytes(generate_latest(self.registry))
+        if self._store is not None:
+            scrape = CollectorRegistry(auto_describe=False)
+            scrape.register(self._store.view(per_tenant=per_tenant, reachable=store))
+            out += bytes(generate_latest(scrape))
+        return out
 
 
 class StoreCollector:
-    """Scrape-time numbers from Redis: summary queue depth, per-tenant LLM usage, breakers."""
+    """Scrape-time numbers from Redis: summary queue depth, LLM usage (summed, and per tenant
+    for `view(per_tenant=True)`) and the summarizer breakers."""
 
     def __init__(
         self,
@@ -146,13 +159,29 @@ class StoreCollector:
         broker: Callable[[], Any],
         usage: Callable[[str], Any],
         tenants: Sequence[str],
+        per_tenant: bool = False,
+        reachable: bool = True,
         breakers: Callable[[], Sequence[BreakerState]] | None = None,
     ) -> None:
         self._queue = queue
         self._broker = broker
         self._usage = usage
         self._tenants = list(tenants)
+        self._per_tenant = per_tenant
+        self._reachable = reachable
         self._breakers = breakers
+
+    def view(self, *, per_tenant: bool, reachable: bool = True) -> StoreCollector:
+        """This collector for one scrape (with or without tenant names; Redis or not)."""
+        return StoreCollector(
+            queue=self._queue,
+            broker=self._broker,
+            usage=self._usage,
+            tenants=self._tenants,
+            per_tenant=per_tenant,
+            reachable=reachable,
+            breakers=self._breakers,
+        )
 
     def describe(self) -> list[Metric]:
         return []  # collected at scrape time only
@@ -162,32 +191,22 @@ class StoreCollector:
         depth = GaugeMetricFamily(
             "prefit_summary_queue_depth", "summary jobs waiting in the broker"
         )
-        tokens = CounterMetricFamily(
-            "prefit_llm_tokens", "summarizer tokens", labels=["tenant", "direction"]
-        )
-        cost = CounterMetricFamily(
-            "prefit_llm_cost_usd", "summarizer cost in USD", labels=["tenant"]
-        )
-        made = CounterMetricFamily(
-            "prefit_summaries_made", "summary records written", labels=["tenant"]
-        )
+        usage = _Usage(self._per_tenant)
         breaker = GaugeMetricFamily(
             "prefit_summarizer_breaker_open",
             "1 while a summarizer's breaker is open or half-open (no calls but a probe)",
             labels=["provider"],
         )
-        ok = 1.0
+        ok = 1.0 if self._reachable else 0.0
         try:
+            if not self._reachable:
+                raise TimeoutError("redis did not answer within the scrape's time")
             pipe = self._broker().pipeline(transaction=False)
             for key in keys.broker_queues(self._queue):
                 pipe.llen(key)
             depth.add_metric([], float(sum(int(n) for n in pipe.execute())))
             for tenant in self._tenants:
-                u = self._usage(tenant)
-                tokens.add_metric([tenant, "input"], float(u.input_tokens))
-                tokens.add_metric([tenant, "output"], float(u.output_tokens))
-                cost.add_metric([tenant], float(u.cost))
-                made.add_metric([tenant], float(u.summaries))
+                usage.add(tenant, self._usage(tenant))
             for state in self._breakers() if self._breakers is not None else ():
                 breaker.add_metric([state.label], 0.0 if state.state == "closed" else 1.0)
         except Exception as exc:  # a scrape must answer even with Redis down
@@ -196,4 +215,48 @@ class StoreCollector:
         up.add_metric([], ok)
         yield up
         if ok:
-            yield from (depth, tokens, cost, made, breaker)
+            yield depth
+            yield from usage.families()
+            yield breaker
+
+
+class _Usage:
+    """LLM usage series: sums over tenants, and per tenant when allowed."""
+
+    def __init__(self, per_tenant: bool) -> None:
+        self.per_tenant = per_tenant
+        self.sums = [0.0, 0.0, 0.0, 0.0]  # input, output, cost, summaries
+        self.tokens = CounterMetricFamily(
+            "prefit_tenant_llm_tokens", "summarizer tokens", labels=["tenant", "direction"]
+        )
+        self.cost = CounterMetricFamily(
+            "prefit_tenant_llm_cost_usd", "summarizer cost in USD", labels=["tenant"]
+        )
+        self.made = CounterMetricFamily(
+            "prefit_tenant_summaries_made", "summary records written", labels=["tenant"]
+        )
+
+    def add(self, tenant: str, u: Any) -> None:
+        figures = (float(u.input_tokens), float(u.output_tokens), float(u.cost), u.summaries)
+        self.sums = [a + float(b) for a, b in zip(self.sums, figures, strict=True)]
+        if self.per_tenant:
+            self.tokens.add_metric([tenant, "input"], figures[0])
+            self.tokens.add_metric([tenant, "output"], figures[1])
+            self.cost.add_metric([tenant], figures[2])
+            self.made.add_metric([tenant], float(figures[3]))
+
+    def families(self) -> Iterator[Metric]:
+        tokens = CounterMetricFamily(
+            "prefit_llm_tokens", "summarizer tokens, all tenants", labels=["direction"]
+        )
+        tokens.add_metric(["input"], self.sums[0])
+        tokens.add_metric(["output"], self.sums[1])
+        yield tokens
+        yield CounterMetricFamily(
+            "prefit_llm_cost_usd", "summarizer cost in USD, all tenants", value=self.sums[2]
+        )
+        yield CounterMetricFamily(
+            "prefit_summaries_made", "summary records written, all tenants", value=self.sums[3]
+        )
+        if self.per_tenant:
+            yield from (self.tokens, self.cost, self.made)

@@ -6,18 +6,27 @@ cheap strategies and DropOldest. When the report says a summary is due and not r
 `wait_ms` for it, polling the record index (one small Lua call per poll), then prepares
 again. A stateless prepare needs Redis only for the calibration ratio and a summary of the
 same prefix; without Redis it still answers, from the cheap strategies, marked `degraded`.
+
+A stored prepare gives Redis half the request deadline to answer (api/deadline.py). If it
+does not, or is down, and this process has the conversation cached, the answer is made from
+that snapshot (and the last ratio and best record seen), marked `degraded`: it may miss
+messages appended through other replicas meanwhile. Otherwise it is 503 `StoreUnavailable`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
 
 from api.cache import Loaded
+from api.deadline import clock_of, within
 from api.deps import Services
 from api.enqueue import Claim, size_step
 from api.logging import RequestLog
@@ -25,7 +34,7 @@ from api.payloads import incoming, incoming_tools, prepared_body
 from api.policies import Window, make_policy
 from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
 from shared.calibration import ScaledCounter
-from shared.errors import StoreUnavailable
+from shared.errors import InvalidRequest, StoreUnavailable
 from shared.hashing import prefix_hashes
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec, validate
@@ -37,6 +46,15 @@ log = get_logger(__name__)
 POLL_S = 0.025
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """A stored conversation's prompt to send now: the result, its report, a job to send."""
+
+    prepared: Prepared
+    report: dict[str, Any]
+    claim: Claim | None
+
+
 class Preparer:
     """The prepare and observe routes' logic, on the app's services."""
 
@@ -44,67 +62,146 @@ class Preparer:
         self.svc = svc
 
     async def stored(
-        self, tenant: str, conv_id: str, req: PrepareStoredRequest, window: Window, rec: RequestLog
+        self,
+        tenant: str,
+        conv_id: str,
+        req: PrepareStoredRequest,
+        window: Window,
+        rec: RequestLog,
+        request: Request | None = None,
     ) -> tuple[bytes, Claim | None]:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
-        loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
         tools = incoming_tools(req.tools, format=req.format)
-        policy = make_policy(self.svc.settings, window, await self._counter(window.model))
+        loaded, best, counter, degraded = await self._stored_state(tenant, conv_id, window)
+        wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
+        fitted = await self.fit(
+            tenant,
+            conv_id,
+            loaded,
+            best,
+            tools,
+            window,
+            pressure=req.pressure,
+            wait_ms=wait,
+            rec=rec,
+            counter=counter,
+            degraded=degraded,
+            request=request,
+        )
+        report = fitted.report
+        body = prepared_body(
+            fitted.prepared.messages,
+            report["tokens_after"],
+            report,
+            format=req.format,
+            loaded=loaded,
+        )
+        return body, fitted.claim
+
+    async def fit(
+        self,
+        tenant: str,
+        conv_id: str,
+        loaded: Loaded,
+        best: SummaryRecord | None,
+        tools: list[ToolSpec],
+        window: Window,
+        *,
+        pressure: float,
+        wait_ms: int,
+        rec: RequestLog,
+        counter: ScaledCounter | None = None,
+        degraded: bool = False,
+        request: Request | None = None,
+    ) -> Fitted:
+        """The stored prepare of `loaded` (the conversation `conv_id` as stored) with `best`.
+
+        Asks the workers for a due summary (the claim, for the caller to send) and waits up
+        to `wait_ms` for it; never calls an LLM. `degraded`: Redis did not answer, `loaded`
+        is this process's cached copy (nothing is asked for, nothing waited on).
+        """
+        if counter is None:
+            counter = await self._counter(tenant, window.model)
+        policy = make_policy(self.svc.settings, window, counter)
         _, tail = policy.regions(loaded.messages)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
-            best = await run_in_threadpool(
-                self.svc.store.records.best, tenant, conv_id, upto_max=tail
-            )
+            best = None
+            if not degraded:
+                best = await run_in_threadpool(
+                    self.svc.store.records.best, tenant, conv_id, upto_max=tail
+                )
         prepared = await self._prepare(
-            policy, loaded.messages, tools, window, best, req.pressure, loaded.hashes
+            policy, loaded.messages, tools, window, best, pressure, loaded.hashes
         )
         report = _report(prepared)
         claim = None
-        if report["stale"]:
-            wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
+        if report["stale"] and not degraded:
             extra = self.svc.base.count_tools(tools, window.model)
             step = size_step(report["tokens_before"], report["budget"])
             claim = await self._claim(tenant, conv_id, loaded, window, best, rec, extra, step)
             newer = None
-            if wait > 0:
+            if wait_ms > 0:
+                clock = clock_of(request) if request is not None else None
+                if clock is not None:  # the client asked to wait: not Redis being slow
+                    clock.extend(wait_ms / 1000)
                 if claim is not None:  # sent now: the wait is for its result
                     await run_in_threadpool(self.svc.trigger.send, claim)
                     claim = None
-                newer = await self._wait(tenant, conv_id, best, tail, wait, rec)
+                newer = await self._wait(tenant, conv_id, best, tail, wait_ms, rec)
             if newer is not None:
                 prepared = await self._prepare(
-                    policy, loaded.messages, tools, window, newer, req.pressure, loaded.hashes
+                    policy, loaded.messages, tools, window, newer, pressure, loaded.hashes
                 )
                 report = _report(prepared)
             if rec.waited_ms is not None:
                 report["waited_ms"] = rec.waited_ms
-        report["degraded"] = False
-        _note(rec, report, degraded=False)
-        body = prepared_body(
-            prepared.messages, report["tokens_after"], report, format=req.format, loaded=loaded
-        )
-        return body, claim
+        report["degraded"] = degraded
+        _note(rec, report, degraded=degraded)
+        return Fitted(prepared, report, claim)
+
+    async def _stored_state(
+        self, tenant: str, conv_id: str, window: Window
+    ) -> tuple[Loaded, SummaryRecord | None, ScaledCounter, bool]:
+        """The conversation, its best record and the tenant's counter, from Redis within
+        half the deadline; else from this process's cache, degraded (True)."""
+
+        async def read() -> tuple[Loaded, SummaryRecord | None, ScaledCounter]:
+            loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
+            return loaded, best, await self._counter(tenant, window.model)
+
+        try:
+            loaded, best, counter = await within(read(), self.svc.settings.request_deadline_s / 2)
+            return loaded, best, counter, False
+        except (StoreUnavailable, TimeoutError) as exc:
+            cached = self.svc.cache.peek(tenant, conv_id)
+            if cached is None:
+                if isinstance(exc, StoreUnavailable):
+                    raise
+                raise StoreUnavailable("redis did not answer in time") from exc
+            last = self.svc.ratios.last_known(tenant, window.model)
+            return cached[0], cached[1], self.svc.scaled_by(last), True
 
     async def stateless(
         self, tenant: str, req: PrepareRequest, window: Window, rec: RequestLog
     ) -> bytes:
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
+        until = time.monotonic() + self.svc.settings.request_deadline_s / 2  # Redis's share
         degraded = False
         try:
-            counter = await self._counter(window.model)
-        except StoreUnavailable:
+            counter = await within(self._counter(tenant, window.model), until - time.monotonic())
+        except (StoreUnavailable, TimeoutError):
             degraded = True
-            last = self.svc.ratios.last_known(window.model)
-            counter = ScaledCounter(self.svc.base, last if last is not None else 1.0)
+            counter = self.svc.scaled_by(self.svc.ratios.last_known(tenant, window.model))
         policy = make_policy(self.svc.settings, window, counter)
         best = None
         hashes = None
         if not degraded and self._over(policy, messages, tools, window, req.pressure):
             hashes = prefix_hashes(messages)
             try:
-                best = await self._same_prefix(tenant, policy, messages, hashes)
-            except StoreUnavailable:
+                found = self._same_prefix(tenant, policy, messages, hashes)
+                best = await within(found, until - time.monotonic())
+            except (StoreUnavailable, TimeoutError):
                 degraded = True
         book = SummaryBook([best]) if best is not None else None
         prepared = await policy.prepare(
@@ -120,20 +217,54 @@ class Preparer:
         _note(rec, report, degraded=degraded)
         return prepared_body(prepared.messages, report["tokens_after"], report, format=req.format)
 
-    async def observe(self, req: ObserveRequest) -> None:
+    async def observe(self, tenant: str, req: ObserveRequest) -> None:
+        """Fold the provider's count into the tenant's ratio of the model; an implausible
+        one is refused (`ImplausibleObservation`, shared/settling.py) and changes nothing."""
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
-        estimated = self.svc.base.count(messages, tools, req.model)
-        await run_in_threadpool(
-            self.svc.counter.observe, req.model, estimated, req.actual_prompt_tokens
-        )
+        await self.calibrate(tenant, req.model, messages, tools, req.actual_prompt_tokens)
+
+    async def calibrate(
+        self,
+        tenant: str,
+        model: str,
+        sent: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        actual_prompt_tokens: int,
+        *,
+        estimated: int | None = None,
+    ) -> None:
+        """Feed a provider's own prompt count for what was `sent` on `tenant`'s behalf into
+        the tenant's ratio of `model` (the proxy's way in; `ImplausibleObservation` as
+        `observe`). `estimated`: the uncalibrated estimate of `sent` when the caller has it
+        (counting a large prompt again costs milliseconds)."""
+        if estimated is None:
+            estimated = self.svc.base.count(list(sent), list(tools), model)
+        if estimated <= 0:
+            raise InvalidRequest("nothing to calibrate on: the messages and tools count 0 tokens")
+        observed = actual_prompt_tokens / estimated
+        await run_in_threadpool(self.svc.ratios.observe, tenant, model, observed)
+
+    async def record_for(
+        self, tenant: str, window: Window, messages: list[Message], hashes: list[str]
+    ) -> SummaryRecord | None:
+        """The tenant's longest summary record for a prefix of `messages`, from any of its
+        conversations (cut points in (head, tail]); `hashes` are their prefix hashes."""
+        policy = make_policy(self.svc.settings, window, self.svc.base)
+        return await self._same_prefix(tenant, policy, messages, hashes)
+
+    async def counter_for(self, tenant: str, model: str) -> ScaledCounter:
+        """The counter a prepare of `model` for `tenant` measures with (its ratio read once,
+        cached 1 s)."""
+        return await self._counter(tenant, model)
 
     # --- helpers -------------------------------------------------------------------------
-    async def _counter(self, model: str) -> ScaledCounter:
-        """The request's counter: the model's ratio read once (from the 1 s cache if fresh)."""
-        if self.svc.ratios.fresh(model):
-            return self.svc.counter.scaled(model)
-        scaled: ScaledCounter = await run_in_threadpool(self.svc.counter.scaled, model)
+    async def _counter(self, tenant: str, model: str) -> ScaledCounter:
+        """The request's counter: the tenant's ratio of the model read once (from the 1 s
+        cache if fresh)."""
+        if self.svc.ratios.fresh(tenant, model):
+            return self.svc.scaled(tenant, model)
+        scaled: ScaledCounter = await run_in_threadpool(self.svc.scaled, tenant, model)
         return scaled
 
     @staticmethod

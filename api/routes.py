@@ -7,15 +7,20 @@ event loop (health checks keep answering).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, BackgroundTasks, Depends, Path, Request, Response
+from fastapi.responses import HTMLResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
+from api.auth import metrics_access
 from api.conversations import Conversations, Sizes
+from api.deadline import within
 from api.deps import Services, get_services, get_tenant
 from api.errors import RETRY_AFTER_S
 from api.limits import check_sizes
@@ -159,7 +164,7 @@ async def prepare_conversation(
     rec.conversation_id = conversation_id
     _limit(svc, tools=body.tools)
     window = resolve_window(svc.settings, body.model, body.max_input_tokens)
-    content, claim = await Preparer(svc).stored(tenant, conversation_id, body, window, rec)
+    content, claim = await Preparer(svc).stored(tenant, conversation_id, body, window, rec, request)
     if claim is not None:
         background.add_task(svc.trigger.send, claim)
     return Response(content, media_type=JSON, background=background)
@@ -181,8 +186,31 @@ async def prepare_messages(
 async def observe(request: Request, body: ObserveRequest, tenant: Tenant, svc: Svc) -> Response:
     """Calibrate on the provider's own prompt-token count for what was sent."""
     _limit(svc, messages=body.messages, system=body.system, tools=body.tools)
-    await Preparer(svc).observe(body)
+    await Preparer(svc).observe(tenant, body)
     return Response(status_code=204)
+
+
+INDEX = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>prefit</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 2em auto">
+<h1>prefit</h1>
+<p>Keeps long LLM conversations inside the model's input window, with summaries computed
+ahead of time.</p>
+<ul>
+<li><a href="/docs">/docs</a>: the API, interactive (<a href="/openapi.json">OpenAPI</a>)</li>
+<li>Drop-in proxy: point the OpenAI SDK at <code>/v1</code>, the Anthropic SDK at
+<code>/</code> (<code>POST /v1/chat/completions</code>, <code>POST /v1/messages</code>)</li>
+<li><a href="/healthz">/healthz</a>, <a href="/readyz">/readyz</a>,
+<a href="/metrics">/metrics</a></li>
+</ul>
+</body></html>
+"""
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> HTMLResponse:
+    """A short page for whoever opens the service in a browser: where the docs are."""
+    return HTMLResponse(INDEX)
 
 
 @router.get("/healthz")
@@ -193,11 +221,15 @@ async def healthz() -> dict[str, str]:
 
 @router.get("/readyz", responses={503: {"model": ErrorResponse}})
 async def readyz(svc: Svc) -> Response:
-    """Readiness: Redis and the broker answer (`summarizer`: the workers' breakers, for detail:
-    the API serves whatever their state)."""
-    redis_ok = await run_in_threadpool(svc.store.ping)
-    broker_ok = await run_in_threadpool(_ping, svc)
-    summarizer = await run_in_threadpool(_summarizer, svc) if redis_ok else None
+    """Readiness: Redis and the broker answer (within half the request deadline).
+
+    `summarizer` (the workers' breakers) is detail: the API serves whatever their state.
+    """
+    limit = svc.settings.request_deadline_s / 2
+    redis_ok, broker_ok = await asyncio.gather(
+        _probe(svc.store.ping, limit), _probe(partial(_ping, svc), limit)
+    )
+    summarizer = await _summarizer(svc, limit) if redis_ok else None
     body: dict[str, Any] = {"redis": redis_ok, "broker": broker_ok, "summarizer": summarizer}
     if redis_ok and broker_ok:
         return Response(_dumps({"status": "ok", **body}), media_type=JSON)
@@ -211,11 +243,26 @@ async def readyz(svc: Svc) -> Response:
     )
 
 
-@router.get("/metrics")
-async def metrics(svc: Svc) -> Response:
-    """Prometheus metrics."""
-    content = await run_in_threadpool(svc.metrics.render)
+@router.get("/metrics", responses={401: {"model": ErrorResponse}})
+async def metrics(request: Request, svc: Svc) -> Response:
+    """Prometheus metrics; per-tenant series only with `Bearer <PREFIT_METRICS_TOKEN>`."""
+    token = svc.settings.metrics_token
+    render = partial(
+        svc.metrics.render, per_tenant=metrics_access(token, request.headers.get("authorization"))
+    )
+    try:  # Redis gets half the deadline; past it the store is reported down
+        content = await within(run_in_threadpool(render), svc.settings.request_deadline_s / 2)
+    except TimeoutError:
+        content = render(store=False)
     return Response(content, media_type=CONTENT_TYPE_LATEST)
+
+
+async def _probe(ping: Callable[[], bool], limit: float) -> bool:
+    """`ping()` in the threadpool; False if it fails or takes longer than `limit` seconds."""
+    try:
+        return await within(run_in_threadpool(ping), limit)
+    except TimeoutError:
+        return False
 
 
 def _ping(svc: Services) -> bool:
@@ -225,10 +272,10 @@ def _ping(svc: Services) -> bool:
         return False
 
 
-def _summarizer(svc: Services) -> dict[str, Any] | None:
+async def _summarizer(svc: Services, limit: float) -> dict[str, Any] | None:
     try:
-        return overall(svc.store.breakers.all())
-    except Exception:  # detail only: readiness is Redis and the broker
+        return overall(await within(run_in_threadpool(svc.store.breakers.all), limit))
+    except Exception:  # detail only (readiness is Redis and the broker), timeouts included
         return None
 
 

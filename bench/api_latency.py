@@ -42,8 +42,9 @@ import httpx
 
 from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
+from shared.head import head_end
 from shared.jobs import SummaryJob
-from shared.messages import Message, groups, head_end
+from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.precompute import run_job
 from shared.providers import OpenAIClient
@@ -103,7 +104,10 @@ def synthetic_source() -> list[Message]:
 # --- the API process ---------------------------------------------------------------------------
 
 
-def start_api(redis_url: str, log: Path, workers: int = 1) -> tuple[subprocess.Popen[bytes], str]:
+def start_api(
+    redis_url: str, log: Path, workers: int = 1, extra_env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """The API under uvicorn on the model's window, open mode, JSON request logs in `log`."""
     port = free_port()
     env = {
         **os.environ,
@@ -112,6 +116,7 @@ def start_api(redis_url: str, log: Path, workers: int = 1) -> tuple[subprocess.P
         "PREFIT_API_KEYS": "",
         "PREFIT_LOG_JSON": "true",
         "PREFIT_SUMMARY_QUEUE": "bench-summaries",  # no worker consumes it here
+        **(extra_env or {}),
     }
     argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
             "--port", str(port), "--no-access-log", "--log-level", "warning",
@@ -147,8 +152,8 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def server_latencies(log: Path, route: str, offset: int, last: int) -> list[float]:
-    """latency_ms of the last `last` canonical log lines for `route` written after `offset`."""
+def completed(log: Path, offset: int) -> list[dict[str, Any]]:
+    """The canonical `request.completed` log records written to `log` after `offset`."""
     with log.open("rb") as f:
         f.seek(offset)
         lines = f.read().decode().splitlines()
@@ -158,8 +163,14 @@ def server_latencies(log: Path, route: str, offset: int, last: int) -> list[floa
             e = json.loads(line)
         except ValueError:
             continue
-        if e.get("event") == "request.completed" and e.get("route") == route:
-            out.append(float(e["latency_ms"]))
+        if isinstance(e, dict) and e.get("event") == "request.completed":
+            out.append(e)
+    return out
+
+
+def server_latencies(log: Path, route: str, offset: int, last: int) -> list[float]:
+    """latency_ms of the last `last` canonical log lines for `route` written after `offset`."""
+    out = [float(e["latency_ms"]) for e in completed(log, offset) if e.get("route") == route]
     return out[-last:]
 
 

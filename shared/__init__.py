@@ -1,5 +1,6 @@
 """prefit's core library: fit long LLM conversations into a model's input window."""
 
+from shared.client import AsyncPrefitClient, PrefitClient
 from shared.counters import (
     CalibratedCounter,
     HeuristicCounter,
@@ -44,6 +45,7 @@ from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarizers import Summarizer
 
 __all__ = [
+    "AsyncPrefitClient",
     "CalibratedCounter",
     "ClearToolResults",
     "Completion",
@@ -63,6 +65,7 @@ __all__ = [
     "MemoryRatios",
     "Message",
     "NotFound",
+    "PrefitClient",
     "PrefitError",
     "Prepared",
     "RatioStore",

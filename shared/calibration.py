@@ -17,14 +17,12 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.errors import ConfigError
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
-
-if TYPE_CHECKING:
-    from shared.counters import TokenCounter
 
 log = get_logger(__name__)
 
@@ -84,7 +82,7 @@ class MemoryRatios:
 class ScaledCounter:
     """A counter times a fixed ratio (rounded up): one model's calibration, read once."""
 
-    base: TokenCounter
+    base: MessageCounter
     ratio: float
 
     def count(
@@ -123,7 +121,7 @@ class CalibratedCounter:
         if not _real(smoothing) or not 0 < smoothing <= 1:
             raise ConfigError(f"smoothing must be in (0, 1], got {smoothing!r}")
         lo, hi = _bounds(bounds)
-        self.base = base
+        self.base: MessageCounter = per_message(base)
         self.smoothing = float(smoothing)
         self.bounds = (lo, hi)
         self.ratios: RatioStore = ratios if ratios is not None else MemoryRatios()

@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _inspect(args[1:])
     ns = build_parser().parse_args(args)
     settings = get_settings()
-    configure_logging(json=settings.log_json, level=settings.log_level)
+    configure_logging(json=_log_json(ns, settings), level=settings.log_level)
     command: Callable[[argparse.Namespace, Settings], int] = ns.command
     return command(ns, settings)
 
@@ -61,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("file", nargs="?", type=Path, help="transcript JSON ({messages, tools?})")
     source.add_argument("--generate", action="store_true", help="a synthetic agent session")
     demo.add_argument("--turns", type=_positive, default=60, help="tool calls to generate")
-    demo.add_argument("--url", default="http://127.0.0.1:8000", help="the service's base URL")
+    demo.add_argument(
+        "--url", help="the service's base URL (default: http://127.0.0.1:PREFIT_PORT, as `up`)"
+    )
     demo.add_argument("--model", default="gpt-4o")
     demo.add_argument("--window", type=_positive, default=16000, help="max input tokens")
     demo.add_argument("--api-key", help="bearer key (default: the first of PREFIT_API_KEYS)")
@@ -81,11 +83,11 @@ LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 
 def _up(ns: argparse.Namespace, settings: Settings) -> int:
     host = ns.host or settings.host
-    if settings.open_access and host not in LOOPBACK:
+    if settings.open_access and not settings.allow_open and host not in LOOPBACK:
         print(
             f"prefit up: refusing to listen on {host} with no PREFIT_API_KEYS: without keys the "
             "service serves one local tenant to anyone who can reach it; set PREFIT_API_KEYS "
-            "(tenant:key,...) or bind to 127.0.0.1",
+            "(tenant:key,...), bind to 127.0.0.1, or opt in with PREFIT_ALLOW_OPEN=true",
             file=sys.stderr,
         )
         return 2
@@ -128,11 +130,24 @@ def _demo(ns: argparse.Namespace, settings: Settings) -> int:
     )
     key = ns.api_key or _first_key(settings.api_keys)
     try:
-        with PrefitClient(ns.url, key) as client:
+        with PrefitClient(ns.url or local_url(settings), key) as client:
             return replay(client, messages, tools, opts, sys.stdout)
     except PrefitError as exc:
         print(f"prefit demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+def local_url(settings: Settings) -> str:
+    """The URL `prefit up` serves on with these settings (`PREFIT_HOST`, `PREFIT_PORT`)."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::", "") else settings.host
+    return f"http://{host}:{settings.port}"
+
+
+def _log_json(ns: argparse.Namespace, settings: Settings) -> bool | None:
+    """The demo talks to a person: on a terminal its log lines are human ones, always."""
+    if ns.command is _demo and sys.stdout.isatty():
+        return False
+    return settings.log_json
 
 
 def _first_key(api_keys: str) -> str | None:

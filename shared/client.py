@@ -3,9 +3,10 @@
 Both speak the contract of docs/design.md, return frozen dataclasses, and raise the typed
 errors of shared/errors.py from the service's `{"error": {"type", "message", ...}}` bodies.
 A 503 or a refused connection is retried with exponential backoff (honouring `Retry-After`);
-a request that may have reached the service (read timeout, dropped connection) is retried
-only when repeating it is harmless: reads, prepare, replace, delete, and appends that state
-`expected_length` (a repeat then fails with `LengthMismatch` instead of appending twice).
+a request that may have reached the service (read timeout, dropped connection, or a 503 from
+the request deadline, whose body says `"outcome": "unknown"`) is retried only when repeating
+it is harmless: reads, prepare, replace, delete, and appends that state `expected_length`
+(a repeat then fails with `LengthMismatch` instead of appending twice).
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ class _Base:
     ) -> float | None:
         if response.status_code != 503:
             return None
+        if not call.idempotent and _outcome_unknown(response):
+            return None  # it may still land: repeating could apply it twice
         delay = self._delay(attempt, response)
         if delay is not None:
             log.info("client.retried", path=call.path, attempt=attempt + 1, status=503)
@@ -203,9 +206,12 @@ class PrefitClient(_Base):
         messages: Sequence[Message],
         actual_prompt_tokens: int,
         tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
     ) -> None:
-        """Report the provider's real prompt-token count for what was sent (calibration)."""
-        self._call(observe_call(model, messages, tools, actual_prompt_tokens))
+        """Report the provider's real prompt-token count for what was sent (calibration);
+        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them."""
+        self._call(observe_call(model, messages, tools, actual_prompt_tokens, format, system))
 
     def health(self) -> Health:
         """`/healthz`, once, without retries; never raises for an unreachable service."""
@@ -341,9 +347,12 @@ class AsyncPrefitClient(_Base):
         messages: Sequence[Message],
         actual_prompt_tokens: int,
         tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
     ) -> None:
-        """Report the provider's real prompt-token count for what was sent (calibration)."""
-        await self._call(observe_call(model, messages, tools, actual_prompt_tokens))
+        """Report the provider's real prompt-token count for what was sent (calibration);
+        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them."""
+        await self._call(observe_call(model, messages, tools, actual_prompt_tokens, format, system))
 
     async def health(self) -> Health:
         """`/healthz`, once, without retries; never raises for an unreachable service."""
@@ -374,6 +383,15 @@ class AsyncPrefitClient(_Base):
                     return call.finish(response)
             await _async_sleep(delay or 0.0)
             attempt += 1
+
+
+def _outcome_unknown(response: httpx.Response) -> bool:
+    """Whether an error answer says the request may have been applied anyway."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("outcome") == "unknown"
 
 
 def _retry_after(value: str | None) -> float | None:

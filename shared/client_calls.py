@@ -38,12 +38,24 @@ class AppendResult:
 
     conversation_id: str
     length: int
-    tokens: int
-    state: str  # "under" | "nearing" | "over"
+    tokens: int  # the whole stored transcript (+ tools), calibrated
+    effective_tokens: int  # the prompt prepare starts from: head + best summary + the rest
+    state: str  # "under" | "nearing" | "over", measured on effective_tokens
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> AppendResult:
-        return cls(str(d["conversation_id"]), int(d["length"]), int(d["tokens"]), str(d["state"]))
+        return cls(
+            str(d["conversation_id"]),
+            int(d["length"]),
+            int(d["tokens"]),
+            _effective(d),
+            str(d["state"]),
+        )
+
+
+def _effective(d: dict[str, Any]) -> int:
+    """`effective_tokens` (a service from before it was reported: the whole transcript's)."""
+    return int(d.get("effective_tokens", d["tokens"]))
 
 
 @dataclass(frozen=True)
@@ -74,6 +86,7 @@ class ConversationInfo:
     conversation_id: str
     length: int
     tokens: int
+    effective_tokens: int
     model: str | None
     summaries: tuple[SummaryInfo, ...]
 
@@ -83,6 +96,7 @@ class ConversationInfo:
             str(d["conversation_id"]),
             int(d["length"]),
             int(d["tokens"]),
+            _effective(d),
             d.get("model"),
             tuple(SummaryInfo.from_json(s) for s in d.get("summaries") or ()),
         )
@@ -238,8 +252,15 @@ def prepare_messages_call(
 
 
 def observe_call(
-    model: str, messages: Sequence[Message], tools: Sequence[ToolSpec], actual_prompt_tokens: int
+    model: str,
+    messages: Sequence[Message],
+    tools: Sequence[ToolSpec],
+    actual_prompt_tokens: int,
+    format: str = "openai",
+    system: Any = None,
 ) -> Call[None]:
+    if system is not None and format != "anthropic":
+        raise ConfigError("'system' is only sent with format='anthropic'")
     body: dict[str, Any] = {
         "model": model,
         "messages": list(messages),
@@ -247,6 +268,10 @@ def observe_call(
     }
     if tools:
         body["tools"] = list(tools)
+    if format != "openai":
+        body["format"] = format
+    if system is not None:
+        body["system"] = system
     # observing twice would count one measurement twice in the calibration
     return Call("POST", "/v1/observe", body, _none, False)
 
@@ -311,6 +336,8 @@ def _build(cls: type[PrefitError], message: str, err: dict[str, Any]) -> PrefitE
             head_tokens=_int(err, "head_tokens"),
             tail_tokens=_int(err, "tail_tokens"),
             tools_tokens=_int(err, "tools_tokens"),
+            other_tokens=_opt_int(err, "other_tokens") or 0,
+            floor_chars=_opt_int(err, "floor_chars"),
         )
     elif issubclass(cls, RetryableLLMError):
         retry_after = err.get("retry_after")

@@ -23,7 +23,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, cast
+from typing import cast
 
 from shared.calibration import (
     NO_MODEL,
@@ -34,6 +34,7 @@ from shared.calibration import (
     smoothed,
 )
 from shared.countcache import CountCache, RecentTranscript, missing
+from shared.counting import CountOnly, MessageCounter, TokenCounter, per_message
 from shared.encodings import load_encoding
 from shared.errors import ConfigError, InvalidTranscript
 from shared.messagekeys import Key, KeyFields, checked_key, fields, message_key
@@ -44,13 +45,16 @@ __all__ = [
     "NO_MODEL",
     "CalibratedCounter",
     "CountCache",
+    "CountOnly",
     "HeuristicCounter",
     "MemoryRatios",
+    "MessageCounter",
     "RatioStore",
     "ScaledCounter",
     "TiktokenCounter",
     "TokenCounter",
     "message_key",
+    "per_message",
     "smoothed",
     "tools_json",
 ]
@@ -59,24 +63,6 @@ __all__ = [
 # major providers (Anthropic caps an image near 1,600 tokens; OpenAI's high-detail gpt-4o
 # images stay under 1,105). Erring high is the safe direction for a budget.
 NON_TEXT_PART_TOKENS = 1600
-
-
-class TokenCounter(Protocol):
-    """Counts the prompt tokens of messages plus tool specs."""
-
-    def count(
-        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
-    ) -> int:
-        """Tokens for sending `messages` with `tools` to `model`."""
-        ...
-
-    def count_message(self, message: Message, model: str | None = None) -> int:
-        """Tokens of one message, overheads included (cached by content)."""
-        ...
-
-    def count_tools(self, tools: Sequence[ToolSpec], model: str | None = None) -> int:
-        """Tokens of the tool specs."""
-        ...
 
 
 class CachedCounter(ABC):

@@ -11,12 +11,13 @@ below mirrors one strategy, measuring as `Work.tokens` does.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from shared.calibration import CalibratedCounter, scale
-from shared.counters import CachedCounter, TokenCounter
+from shared.counters import CachedCounter
+from shared.counting import MessageCounter
 from shared.ledger import Ledger, Steps
 from shared.messages import Message, ToolSpec, tail_start
 from shared.strategies import (
@@ -35,7 +36,7 @@ _DEFAULT_KINDS = (
 )
 
 
-def default_steps(strategies: list[Strategy], counter: TokenCounter) -> Steps | None:
+def default_steps(strategies: list[Strategy], counter: MessageCounter) -> Steps | None:
     """The ledger's `Steps` when the strategies are the default ones (in their order, any
     settings) and the counter counts by content; None: run the strategies themselves."""
     base = counter.base if isinstance(counter, CalibratedCounter) else counter
@@ -106,7 +107,7 @@ class Shortcut:
         cls,
         steps: Steps | None,
         ledger: Ledger | None,
-        counter: TokenCounter,
+        counter: MessageCounter,
         tools: Sequence[ToolSpec],
         pressure: float,
     ) -> Shortcut | None:
@@ -128,9 +129,14 @@ class Shortcut:
         strategies: list[Strategy],
         book_given: bool,
         report: dict[str, Any],
+        due: Callable[[], bool],
     ) -> list[Message] | None:
         """What the strategies leave of `transcript` (and `report` filled in as they would);
-        None when it does not fit, for the strategies themselves to say by how much."""
+        None when it does not fit, for the strategies themselves to say by how much.
+
+        `due` says whether the workers could write a record now: asked only when the
+        summary step was reached with a book, as `Summarize` asks it.
+        """
         starts = self.ledger.group_starts(head, len(transcript))
         tail = tail_start(starts, head, keep_recent)
         summarize_step = any(isinstance(s, Summarize) for s in strategies)
@@ -139,6 +145,7 @@ class Shortcut:
         out = decide(f, self.steps, self.measure)
         if out.tokens > report["budget"]:
             return None
+        out.stale = out.stale and due()
         report.update(_report(f, out))
         return build(transcript, f, self.steps, out)
 

@@ -13,6 +13,7 @@ folder (`TIKTOKEN_CACHE_DIR`, else `<tmp>/data-gym-cache`) when it can write the
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ class EncodingSpec:
     pat_str: str
     special_tokens: dict[str, int]
     sha256: str
+    url: str  # where tiktoken downloads it; `TIKTOKEN_CACHE_DIR` names files by its SHA-1
 
 
 _LETTERS_UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
@@ -61,11 +63,14 @@ _CL100K_PAT = (
     r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
 
+_BLOBS = "https://openaipublic.blob.core.windows.net/encodings"
+
 SPECS: dict[str, EncodingSpec] = {
     "o200k_base": EncodingSpec(
         pat_str=_O200K_PAT,
         special_tokens={ENDOFTEXT: 199999, ENDOFPROMPT: 200018},
         sha256="446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d",
+        url=f"{_BLOBS}/o200k_base.tiktoken",
     ),
     "cl100k_base": EncodingSpec(
         pat_str=_CL100K_PAT,
@@ -77,6 +82,7 @@ SPECS: dict[str, EncodingSpec] = {
             ENDOFPROMPT: 100276,
         },
         sha256="223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7",
+        url=f"{_BLOBS}/cl100k_base.tiktoken",
     ),
 }
 
@@ -85,19 +91,37 @@ _lock = threading.Lock()
 
 
 def encoding_file(name: str, directory: Path | None) -> Path | None:
-    """The offline file `load_encoding` would read for `name`, or None if it would not read one."""
+    """The offline file `load_encoding` would read for `name` in `directory`: `<name>.tiktoken`,
+    or the file tiktoken's own cache (`TIKTOKEN_CACHE_DIR`) keeps under the SHA-1 of its URL."""
     if directory is None or name not in SPECS:
         return None
-    path = Path(directory) / f"{name}.tiktoken"
-    return path if path.is_file() else None
+    folder = Path(directory)
+    for candidate in (f"{name}.tiktoken", hashlib.sha1(SPECS[name].url.encode()).hexdigest()):
+        path = folder / candidate
+        if path.is_file():
+            return path
+    return None
+
+
+def offline_dirs() -> list[Path]:
+    """Where encodings are looked for when no folder is given: the settings'
+    `PREFIT_TIKTOKEN_DIR`, then tiktoken's own `TIKTOKEN_CACHE_DIR`."""
+    from shared.settings import get_settings  # settings are read only when no folder is given
+
+    settings = get_settings()
+    return [d for d in (settings.tiktoken_dir, settings.tiktoken_cache_dir) if d is not None]
 
 
 def load_encoding(name: str, directory: Path | None = None) -> tiktoken.Encoding:
-    """The encoding `name`, from `directory/<name>.tiktoken` when present, else from tiktoken.
+    """The encoding `name`, from an offline file in `directory` when present, else from tiktoken.
 
-    Loaded once per process (per name and folder). Raises `ConfigError` for an unknown name,
-    a file whose hash is wrong, or an encoding tiktoken cannot fetch.
+    Without `directory`, the folders of `offline_dirs()` are searched (so a library user on
+    an air-gapped host only sets `PREFIT_TIKTOKEN_DIR` or `TIKTOKEN_CACHE_DIR`). Loaded once
+    per process (per name and folder). Raises `ConfigError` for an unknown name, a file whose
+    hash is wrong, or an encoding tiktoken cannot fetch.
     """
+    if directory is None:
+        directory = next((d for d in offline_dirs() if encoding_file(name, d)), None)
     key = (name, str(directory) if directory is not None else None)
     found = _loaded.get(key)
     if found is not None:

@@ -18,20 +18,35 @@ class InvalidTranscript(PrefitError, ValueError):
 
 
 class DoesNotFit(PrefitError):
-    """The head plus the protected recent tail alone exceed the budget."""
+    """What may never be cut (head, task, recent turns, tool specs) exceeds the budget."""
 
     def __init__(
-        self, *, tokens: int, budget: int, head_tokens: int, tail_tokens: int, tools_tokens: int = 0
+        self,
+        *,
+        tokens: int,
+        budget: int,
+        head_tokens: int,
+        tail_tokens: int,
+        tools_tokens: int = 0,
+        other_tokens: int = 0,
+        floor_chars: int | None = None,
     ) -> None:
         self.tokens = tokens
         self.budget = budget
         self.head_tokens = head_tokens
         self.tail_tokens = tail_tokens
         self.tools_tokens = tools_tokens
+        self.other_tokens = other_tokens  # what else was kept: a summary, drop markers
+        self.floor_chars = floor_chars
+        shortened = (
+            f", even with every tool output there cut to {floor_chars} characters"
+            if floor_chars is not None
+            else ""
+        )
         super().__init__(
             f"cannot fit: {tokens} tokens after every strategy, budget {budget} (head "
-            f"{head_tokens} + recent tail {tail_tokens} + tool specs {tools_tokens} tokens "
-            "cannot be cut)"
+            f"{head_tokens} + recent turns {tail_tokens} + tool specs {tools_tokens} tokens "
+            f"cannot be cut{shortened}; summary and markers {other_tokens})"
         )
 
 
@@ -45,6 +60,14 @@ class InvalidRequest(PrefitError, ValueError):
 
 class ConfigError(PrefitError, ValueError):
     """A policy, strategy or setting was given an impossible value."""
+
+
+class ImplausibleObservation(PrefitError, ValueError):
+    """A calibration observation is out of bounds, or too far from a settled ratio; refused."""
+
+
+class WriteConflict(PrefitError):
+    """A write kept meeting a conversation changed under it; nothing was written."""
 
 
 class UnknownModel(PrefitError, LookupError):
@@ -74,6 +97,10 @@ class ServiceUnavailable(PrefitError):
 
 class Unauthorized(PrefitError):
     """A request carried no API key, or one that matches no tenant."""
+
+
+class Forbidden(PrefitError):
+    """The request may not be served here (open mode reached on a non-loopback address)."""
 
 
 class TooLarge(PrefitError):

@@ -17,6 +17,8 @@ from shared.messages import Message, groups, validate
 from shared.policy import ContextPolicy
 from shared.settings import Settings
 from shared.strategies import Work
+from shared.strategies.clear import PLACEHOLDER
+from shared.strategies.lastresort import shorten_protected
 from shared.summaries import SummaryBook
 
 STYLE = {  # fate: (cell, ANSI colour)
@@ -30,24 +32,31 @@ STYLE = {  # fate: (cell, ANSI colour)
 
 
 def fates(transcript: list[Message], work: Work) -> list[tuple[int, int, str]]:
-    """(start, end, fate) of every original turn group."""
+    """(start, end, fate) of every original turn group (the head as one or two cells)."""
+    work.align()
     now = {o: m for m, o in zip(work.messages, work.origin, strict=True) if o >= 0}
     upto = work.summary.upto if work.summary else 0
-    out: list[tuple[int, int, str]] = [(0, work.head_end, "head")] if work.head_end else []
-    for a, b in groups(transcript, work.head_end):
-        kept = [now.get(i) for i in range(a, b)]
-        if all(m is None for m in kept):
-            out.append((a, b, "summarized" if b <= upto else "dropped"))
-        elif kept == transcript[a:b]:
-            out.append((a, b, "kept"))
-        elif any(
-            m is not None and m.get("content") == "[tool result removed to save context]"
-            for m in kept
-        ):
-            out.append((a, b, "cleared"))
-        else:
-            out.append((a, b, "shortened"))
+    head = work.head
+    lo, hi = head.gap
+    if head.contiguous:
+        out = [(0, head.end, "head")] if head.end else []
+    else:  # the task's opening may be cut: it gets cells of its own
+        out = [(0, lo, "head")] if lo else []
+        out += [(a, b, _fate(transcript, now, a, b, upto)) for a, b in groups(transcript[:hi], lo)]
+        out.append((hi, head.end, "head"))
+    out += [(a, b, _fate(transcript, now, a, b, upto)) for a, b in groups(transcript, head.end)]
     return out
+
+
+def _fate(transcript: list[Message], now: dict[int, Message], a: int, b: int, upto: int) -> str:
+    kept = [now.get(i) for i in range(a, b)]
+    if all(m is None for m in kept):
+        return "summarized" if b <= upto else "dropped"
+    if kept == transcript[a:b]:
+        return "kept"
+    if any(m is not None and m.get("content") == PLACEHOLDER for m in kept):
+        return "cleared"
+    return "shortened"
 
 
 def _paint(fate: str, color: bool) -> str:
@@ -130,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         work = asyncio.run(
             policy.cut(transcript, tools=tools, model=args.model, book=SummaryBook())
         )
+        shorten_protected(work, work.limits.budget)  # as prepare does before refusing
     except (PrefitError, OSError, json.JSONDecodeError) as exc:
         print(f"prefit inspect: {exc}", file=sys.stderr)
         return 2
@@ -137,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     print(render(transcript, work, counter, color=color))
     if work.tokens() > work.limits.budget:
         print(
-            "DOES NOT FIT: the head plus the recent tail alone exceed the budget", file=sys.stderr
+            "DOES NOT FIT: the head and the recent turns exceed the budget even with their tool "
+            "outputs shortened",
+            file=sys.stderr,
         )
         return 1
     return 0

@@ -1,25 +1,29 @@
 """Every Redis key prefit uses, and the checks on the ids that go into them.
 
-Key formats live here and nowhere else. Every key starts with `prefit:v1:`; changing a format
-means a new version, so old keys are simply never read again.
+Key formats live here and nowhere else. Every key starts with `prefit:v2:`; changing a format
+means a new version, so old keys are simply never read again (v2: prefix hashes of version 2,
+see shared/hashing.py, and calibration per tenant).
 
-Tenant data sits under `prefit:v1:{<tenant>}:...`. The braces are a Redis Cluster hash tag: all
+Tenant data sits under `prefit:v2:{<tenant>}:...`. The braces are a Redis Cluster hash tag: all
 of one tenant's keys share a slot, which the Lua scripts need (one script reads a conversation's
 summary index *and* the tenant-wide, content-addressed summary records). The price is that one
-tenant lives on one shard. Calibration ratios are not user data (they describe a model's
-tokenizer), so they sit under `prefit:v1:global:`, shared by every tenant.
+tenant lives on one shard. Calibration ratios are per tenant too: what one tenant reports about
+a model's tokenizer never changes how another tenant's prompts are counted.
 
 Ids are restricted to `[A-Za-z0-9._-]`: no `:` (it separates key parts, so allowing it would let
-two different ids build the same key) and no braces (they would move the hash tag).
+two different ids build the same key) and no braces (they would move the hash tag). Model
+names are not ids (clients choose them freely): `model_part` keeps a plain name as it is and
+replaces any other by a digest, so no model name can add a key part or move the hash tag.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from shared.errors import ConfigError, InvalidId
 
-VERSION = "v1"
+VERSION = "v2"
 ROOT = f"prefit:{VERSION}"
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -27,6 +31,8 @@ _PREFIX_HASH = re.compile(r"v[0-9]+:[0-9a-f]{32}")
 MAX_TENANT_CHARS = 64
 MAX_ID_CHARS = 128
 MAX_MODEL_CHARS = 256
+_MODEL = re.compile(r"[A-Za-z0-9._/-]{1,128}")
+DIGEST_MARK = "~"  # outside the plain-name alphabet: a digest never equals a plain name
 
 
 def check_tenant(tenant: str) -> str:
@@ -134,18 +140,23 @@ def dead_letters(tenant: str) -> str:
     return f"{_tenant(tenant)}:deadletters"
 
 
-# global --------------------------------------------------------------------------------------
+def ratio(tenant: str, model: str | None) -> str:
+    """HASH of the tenant's calibration of `model` (None or "" for calls that named no model):
+    `ratio` and `observations`."""
+    return f"{_tenant(tenant)}:ratio:{model_part(model)}"
 
 
-def ratio(model: str | None) -> str:
-    """HASH of the calibration ratio of `model` (None or "" for calls that named no model)."""
-    if not model:
-        return f"{ROOT}:global:ratio-default"
-    if not isinstance(model, str) or len(model) > MAX_MODEL_CHARS or not model.isprintable():
-        raise ConfigError(f"invalid model name for calibration: {model!r}")
-    if any(c.isspace() for c in model):
-        raise ConfigError(f"invalid model name for calibration: {model!r} contains whitespace")
-    return f"{ROOT}:global:ratio:{model}"
+def model_part(model: str | None) -> str:
+    """A model name as a key part: itself if it is 1-128 of `[A-Za-z0-9._/-]`, else `~` and
+    the hex BLAKE2b-16 of its UTF-8 (`~` alone for no model). Never braces, spaces or `:`."""
+    if model is None or model == "":
+        return DIGEST_MARK
+    if not isinstance(model, str):
+        raise ConfigError(f"a model name must be a string, got {type(model).__name__}")
+    if _MODEL.fullmatch(model):
+        return model
+    raw = model.encode("utf-8", "surrogatepass")
+    return DIGEST_MARK + hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 # API bookkeeping (appended for the HTTP API) -------------------------------------------------

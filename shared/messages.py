@@ -9,6 +9,7 @@ before them, by position: real clients reuse tool-call ids within one conversati
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from shared.errors import InvalidTranscript
@@ -41,16 +42,6 @@ def tail_start(starts: Sequence[int], head: int, keep_recent: int) -> int:
     return starts[-keep_recent] if len(starts) >= keep_recent else head
 
 
-def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:
-    """End of the head: the leading system/developer messages plus the first user message."""
-    i = 0
-    while i < len(msgs) and msgs[i].get("role") in HEAD_ROLES:
-        i += 1
-    if keep_first_user and i < len(msgs) and msgs[i].get("role") == "user":
-        i += 1
-    return i
-
-
 def text_of(message: Mapping[str, Any]) -> str:
     """The message's text content (text parts joined); empty for null content."""
     content = message.get("content")
@@ -68,12 +59,27 @@ def validate(transcript: Any) -> list[Message]:
     if not isinstance(transcript, list | tuple):
         raise InvalidTranscript(f"transcript must be a list of messages, got {_kind(transcript)}")
     msgs = transcript if type(transcript) is list else list(transcript)
+    if not msgs:
+        raise InvalidTranscript("transcript is empty: there is nothing to send")
     validate_from(msgs, 0, None)
     return msgs
 
 
-def validate_from(msgs: list[Message], start: int, pending: set[str] | None) -> set[str] | None:
-    """Check `msgs[start:]`, given the open tool-call ids at `start`; return those at the end."""
+@dataclass(frozen=True, slots=True)
+class Open:
+    """Tool calls of the last assistant message that called tools, and those not answered.
+
+    Providers require every call of an assistant message to be answered by the tool results
+    right after it, once each. Only the calls of the transcript's last turn may still be open
+    (the calls are in flight).
+    """
+
+    calls: frozenset[str]  # every call id of that message
+    left: frozenset[str]  # those not answered yet
+
+
+def validate_from(msgs: list[Message], start: int, pending: Open | None) -> Open | None:
+    """Check `msgs[start:]`, given the calls still open at `start`; return those at the end."""
     for i in range(start, len(msgs)):
         m = msgs[i]
         fast = _fast(m, pending)  # the common shapes, checked in a few C-level operations
@@ -82,11 +88,13 @@ def validate_from(msgs: list[Message], start: int, pending: set[str] | None) -> 
             continue
         _check_message(m, i)
         if m["role"] == "tool":
-            pending = _check_tool_result(m, i, pending)
-        elif m["role"] == "assistant" and m.get("tool_calls"):
-            pending = {c["id"] for c in m["tool_calls"]}
-        else:
-            pending = None
+            pending = _answer(m, i, pending)
+            continue
+        if pending is not None and pending.left:
+            raise _unanswered(pending, i)
+        pending = None
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            pending = _calls(m["tool_calls"], i)
     return pending
 
 
@@ -96,23 +104,24 @@ _CALLER_KEYS = frozenset({"role", "content", "tool_calls"})
 _CALL_KEYS = frozenset({"id", "type", "function"})
 
 
-def _fast(m: Any, pending: set[str] | None) -> Any:
-    """The new `pending` for a message of a common, valid shape; `_SLOW` for anything else."""
+def _fast(m: Any, pending: Open | None) -> Any:
+    """The new open calls after a message of a common, valid shape; `_SLOW` for anything else."""
     if type(m) is not dict:
         return _SLOW
     role, content = m.get("role"), m.get("content")
     if len(m) == 2 and type(content) is str and role in _PLAIN:
-        return None
+        return None if pending is None or not pending.left else _SLOW
     if role == "tool":
         call_id = m.get("tool_call_id")
         ok = type(content) is str and type(call_id) is str and m.keys() <= _TOOL_KEYS
-        if ok and pending and call_id in pending and type(m.get("name", "")) is str:
-            return pending
+        ok = ok and type(m.get("name", "")) is str
+        if ok and pending is not None and call_id in pending.left:
+            return Open(pending.calls, pending.left - {call_id})
         return _SLOW
     calls = m.get("tool_calls")
     if role != "assistant" or type(calls) is not list or not calls:
         return _SLOW
-    if not m.keys() <= _CALLER_KEYS:
+    if (pending is not None and pending.left) or not m.keys() <= _CALLER_KEYS:
         return _SLOW
     if content is not None and type(content) is not str:
         return _SLOW
@@ -128,10 +137,13 @@ def _fast(m: Any, pending: set[str] | None) -> Any:
         ):
             return _SLOW
         ids.add(call["id"])
-    return ids
+    if len(ids) < len(calls):
+        return _SLOW  # the same id twice in one message: the slow path says so
+    frozen = frozenset(ids)
+    return Open(frozen, frozen)
 
 
-def _check_tool_result(m: Message, i: int, pending: set[str] | None) -> set[str]:
+def _answer(m: Message, i: int, pending: Open | None) -> Open:
     if pending is None:
         raise InvalidTranscript(
             "tool result does not follow an assistant message with tool_calls", i
@@ -139,11 +151,33 @@ def _check_tool_result(m: Message, i: int, pending: set[str] | None) -> set[str]
     tool_call_id = m.get("tool_call_id")
     if not isinstance(tool_call_id, str) or not tool_call_id:
         raise InvalidTranscript("tool message needs a non-empty string 'tool_call_id'", i)
-    if tool_call_id not in pending:
+    if tool_call_id in pending.left:
+        return Open(pending.calls, pending.left - {tool_call_id})
+    if tool_call_id in pending.calls:
         raise InvalidTranscript(
-            f"tool_call_id {tool_call_id!r} answers no call of the assistant message before it", i
+            f"tool_call_id {tool_call_id!r} was already answered (a call gets one result)", i
         )
-    return pending
+    raise InvalidTranscript(
+        f"tool_call_id {tool_call_id!r} answers no call of the assistant message before it", i
+    )
+
+
+def _calls(calls: list[Any], i: int) -> Open:
+    ids = [c["id"] for c in calls]
+    if len(set(ids)) < len(ids):
+        twice = next(x for x in ids if ids.count(x) > 1)
+        raise InvalidTranscript(f"tool call id {twice!r} appears twice in one message", i)
+    frozen = frozenset(ids)
+    return Open(frozen, frozen)
+
+
+def _unanswered(pending: Open, i: int) -> InvalidTranscript:
+    left = ", ".join(repr(c) for c in sorted(pending.left))
+    return InvalidTranscript(
+        f"tool call(s) {left} were never answered: an assistant message with tool_calls "
+        "must be followed by the results of all its calls",
+        i,
+    )
 
 
 def _check_message(m: Any, i: int) -> None:

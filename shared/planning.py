@@ -46,14 +46,16 @@ def plan_summary(
 ) -> SummaryPlan | None:
     """See `ContextPolicy.plan_summary`."""
     budget = policy.budget(model)
-    built, record = policy.with_best(transcript, book)
+    head, tail = policy.regions(transcript)
+    built, record = policy.with_best(transcript, book, hashes)
+    start = record.upto if record is not None else head
+    if start >= tail:  # what is left to summarize lies in the protected recent turns
+        return None
     tokens = policy.counter.count(built, tools, model) + extra_tokens
     if policy.state(tokens, model) == "under":
         return None
-    head, tail = policy.regions(transcript)
     growth = max(0, int(policy.trigger * budget) - tokens)
     keep = max(0, int(policy.summarize_params.keep_tokens_ratio * budget) - growth)
-    start = record.upto if record is not None else head
     cut = plan_cut(
         transcript,
         start=start,
@@ -66,3 +68,4 @@ def plan_summary(
         return None
     cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
     return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
+

@@ -8,14 +8,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.cut import Shortcut, can_decide, default_steps
 from shared.errors import ConfigError, UnknownModel
+from shared.head import Head, head_of
 from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
-from shared.messages import Message, ToolSpec, groups, head_end, tail_start
+from shared.messages import Message, ToolSpec, groups, tail_start
 from shared.planning import SummaryPlan, plan_summary
 from shared.reports import does_not_fit, new_report, outcome
+from shared.serving import from_book, with_best
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -25,10 +28,10 @@ from shared.strategies import (
     TruncateToolResults,
     Work,
 )
+from shared.strategies.lastresort import FLOOR_CHARS, shorten_protected
 from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarize import summary_message
-from shared.summarizers import LLMSummarizer, Summarizer
+from shared.summarizers import Summarizer, as_summarizer
 from shared.validation import ValidatedPrefixes
 
 State = Literal["under", "nearing", "over"]
@@ -66,19 +69,7 @@ class ContextPolicy:
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
     ) -> None:
-        if not 0.0 < target <= trigger <= 1.0:
-            raise ConfigError(
-                f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}"
-            )
-        if reserve_output < 0 or keep_recent < 1:
-            raise ConfigError("reserve_output must be >= 0 and keep_recent >= 1")
-        if not 0.0 <= precompute_at < trigger:
-            raise ConfigError(f"precompute_at must be within [0, trigger), got {precompute_at}")
-        if isinstance(max_input_tokens, int) and max_input_tokens - reserve_output <= 0:
-            raise ConfigError(
-                f"max_input_tokens ({max_input_tokens}) must exceed "
-                f"reserve_output ({reserve_output})"
-            )
+        _check(max_input_tokens, reserve_output, trigger, target, keep_recent, precompute_at)
         self.max_input_tokens = max_input_tokens
         self.reserve_output = reserve_output
         self.trigger = trigger
@@ -87,8 +78,11 @@ class ContextPolicy:
         self.keep_first_user = keep_first_user
         self.precompute_at = precompute_at
         self._validated: ValidatedPrefixes[Ledger] = ValidatedPrefixes()
-        self.counter: TokenCounter = counter or CalibratedCounter(HeuristicCounter())
-        self.summarizer = _as_summarizer(summarizer, summarizer_model)
+        # a counter written from the reference may offer only count(): sizes derive from it
+        self.counter: MessageCounter = (
+            per_message(counter) if counter is not None else CalibratedCounter(HeuristicCounter())
+        )
+        self.summarizer = as_summarizer(summarizer, summarizer_model)
         default_summarize = Summarize(
             keep_tokens_ratio=keep_tokens_ratio,
             chunk_tokens=chunk_tokens,
@@ -139,9 +133,13 @@ class ContextPolicy:
             return "nearing"
         return "under"
 
+    def head(self, transcript: Sequence[Message]) -> Head:
+        """The head of `transcript`: what every prompt keeps (shared/head.py)."""
+        return head_of(transcript, keep_first_user=self.keep_first_user)
+
     def regions(self, transcript: Sequence[Message]) -> tuple[int, int]:
-        """(head_end, tail_start): the head and the protected recent tail of `transcript`."""
-        end = head_end(transcript, keep_first_user=self.keep_first_user)
+        """(head_end, tail_start): the head's region and the protected recent tail."""
+        end = self.head(transcript).end
         starts = [a for a, _ in groups(transcript, end)]
         return end, tail_start(starts, end, self.keep_recent)
 
@@ -162,14 +160,8 @@ class ContextPolicy:
         book: SummaryBook | None,
         hashes: Sequence[str] | None = None,
     ) -> tuple[list[Message], SummaryRecord | None]:
-        head, tail = self.regions(transcript)
-        record = None
-        if book is not None and book.records:
-            record = book.best(transcript, upto_max=tail, hashes=hashes)
-        if record is None or record.upto <= head:
-            return list(transcript), None
-        built = [*transcript[:head], summary_message(record, head), *transcript[record.upto :]]
-        return built, record
+        """The prompt [head][summary][rest] from the book's best record, and that record."""
+        return with_best(self, transcript, book, hashes)
 
     # --- the two calls of the reference ---------------------------------------------------
     async def prepare(
@@ -186,8 +178,11 @@ class ContextPolicy:
 
         A stored summary that brings the prompt under the trigger is served as
         [head][summary][rest] and nothing else is cut, so the prompt's prefix stays
-        byte-stable between records. `hashes` are the transcript's `prefix_hashes` when the
-        caller already has them (a store keeps them), to avoid hashing it again.
+        byte-stable between records. When the strategies leave it over budget, the tool
+        outputs still in it (the head's and the recent turns' included) are shortened as a
+        last resort; `DoesNotFit` only when even that is not enough. `hashes` are the
+        transcript's `prefix_hashes` when the caller already has them (a store keeps them),
+        to avoid hashing it again.
         """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
@@ -202,35 +197,40 @@ class ContextPolicy:
             before = short.tokens(len(messages))
         else:
             before = math.ceil(measure(counter, messages, tools, model, sizes) / pressure)
-        report = new_report(limits, self.trigger, before, pressure)
+        head = self.head(messages)
+        report = new_report(limits, self.trigger, before, pressure, head)
         if before <= self.trigger * limits.budget:
             report.update(tokens_after=before, changed=False)
             return Prepared(messages, report)
         if hashes is not None and len(hashes) != len(messages) + 1:
             raise ConfigError(f"{len(hashes)} prefix hashes for {len(messages)} messages")
-        served = self._from_book(messages, tools, model, book, hashes, sizes, report)
-        if served is not None:
-            return served
-        if short is not None and self._no_summary_due(book):
-            head = head_end(messages, keep_first_user=self.keep_first_user)
-            book_given = book is not None
-            kept = short.cut(messages, head, self.keep_recent, self.strategies, book_given, report)
-            if kept is not None:
-                return Prepared(kept, report)
-        work = await self.cut(
+        served = from_book(
+            self,
             messages,
+            counter,
             tools=tools,
             model=model,
             book=book,
-            pressure=pressure,
-            sizes=sizes,
             hashes=hashes,
+            sizes=sizes,
+            report=report,
         )
-        after = work.tokens()
-        if after > limits.budget:
-            raise does_not_fit(work, after)
-        report.update(outcome(work, after))
-        return Prepared(work.messages, report, work.new_summaries, work.tokens_spent, work.cost)
+        if served is not None:
+            return Prepared(served, report)
+        due = partial(
+            self.summary_due, messages, tools=tools, model=model, book=book, hashes=hashes
+        )
+        if short is not None and head.contiguous and self._no_summary_due(book):
+            kept = short.cut(
+                messages, head.end, self.keep_recent, self.strategies, book is not None, report, due
+            )
+            if kept is not None:
+                return Prepared(kept, report)
+        work = await self.cut(
+            messages, tools=tools, model=model, book=book, pressure=pressure, sizes=sizes,
+            hashes=hashes, due=due,
+        )  # fmt: skip
+        return self._fitted(work, report)
 
     async def cut(
         self,
@@ -242,10 +242,18 @@ class ContextPolicy:
         pressure: float = 1.0,
         sizes: SizeMemo | None = None,
         hashes: Sequence[str] | None = None,
+        due: Callable[[], bool] | None = None,
     ) -> Work:
-        """Run the strategies on a validated transcript; `prepare` checks the result fits."""
+        """Run the strategies on a validated transcript; `prepare` checks the result fits.
+
+        `due` answers whether the workers could write a newer record (for `stale`); by
+        default `summary_due` on this transcript and book.
+        """
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
+        work.due = due or partial(
+            self.summary_due, work.transcript, tools=tools, model=model, book=book
+        )
         if sizes is not None:
             work.sizes = sizes
         if hashes is not None:
@@ -255,6 +263,18 @@ class ContextPolicy:
             if work.fits_target():
                 break
         return work
+
+    def _fitted(self, work: Work, report: dict[str, Any]) -> Prepared:
+        """What the strategies left, shortened as a last resort if it is over budget."""
+        work.align()
+        budget = work.limits.budget
+        if work.tokens() > budget:
+            shorten_protected(work, budget)
+        after = work.tokens()
+        if after > budget:
+            raise does_not_fit(work, after, FLOOR_CHARS)
+        report.update(outcome(work, after))
+        return Prepared(work.messages, report, work.new_summaries, work.tokens_spent, work.cost)
 
     def observe(
         self,
@@ -267,37 +287,6 @@ class ContextPolicy:
         if isinstance(self.counter, CalibratedCounter):
             estimated = self.counter.base.count(sent, tools, model)
             self.counter.observe(model, estimated, actual_prompt_tokens)
-
-    def _from_book(
-        self,
-        messages: list[Message],
-        tools: Sequence[ToolSpec],
-        model: str | None,
-        book: SummaryBook | None,
-        hashes: Sequence[str] | None,
-        sizes: SizeMemo,
-        report: dict[str, Any],
-    ) -> Prepared | None:
-        """[head][summary][rest] from the book's best record, if that is under the trigger."""
-        if book is None or not book.records:
-            return None
-        built, record = self.with_best(messages, book, hashes)
-        if record is None:
-            return None
-        pressure = report["pressure"]
-        tokens = math.ceil(measure(self._counter(model), built, tools, model, sizes) / pressure)
-        if tokens > self.trigger * report["budget"]:
-            return None
-        summary = {"upto": record.upto, "prefix_hash": record.prefix_hash}
-        report.update(
-            tokens_after=tokens,
-            applied=[
-                {"strategy": "Summarize", "saved": report["tokens_before"] - tokens, **summary}
-            ],
-            summary={**summary, "summarizer": record.summarizer},
-            changed=True,
-        )
-        return Prepared(built, report)
 
     def _no_summary_due(self, book: SummaryBook | None) -> bool:
         """Whether no summary step can act (no record to install, no model to call)."""
@@ -314,25 +303,19 @@ class ContextPolicy:
         extra_tokens: int = 0,
         hashes: Sequence[str] | None = None,
     ) -> SummaryPlan | None:
-        """The record to compute now so that prepare lands under target when the trigger hits.
-
-        `extra_tokens` stands for what the request adds that `transcript` lacks (a stored
-        conversation's tool specs). `hashes`: the transcript's `prefix_hashes` if known (a
-        stored conversation's chain), so the plan's prefix hash costs no hashing.
-
-        None while the prompt built from the current best record is below
-        (trigger - precompute_at) x budget: the cut then moves in steps, and the
-        [head][summary] prefix stays byte-stable between them.
-        """
+        """The record to compute now so that prepare lands under target when the trigger hits
+        (see shared/planning.py); `extra_tokens` stands for what requests add that
+        `transcript` lacks (a stored conversation's tool specs)."""
         return plan_summary(
-            self,
-            transcript,
-            tools=tools,
-            model=model,
-            book=book,
-            extra_tokens=extra_tokens,
+            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens,
             hashes=hashes,
-        )
+        )  # fmt: skip
+
+    def summary_due(self, transcript: Sequence[Message], **plan: Any) -> bool:
+        """Whether the workers could write a better record now: `plan_summary(transcript,
+        **plan)` has one. `report["stale"]` requires it, so a conversation with nothing left
+        to summarize outside the protected recent turns is never waited on nor asked for."""
+        return self.plan_summary(transcript, **plan) is not None
 
     # --- helpers ----------------------------------------------------------------------------
     def _work(
@@ -344,8 +327,9 @@ class ContextPolicy:
         pressure: float,
         limits: Limits,
     ) -> Work:
-        head, tail = self.regions(messages)
-        return Work(
+        head = self.head(messages)
+        _, tail = self.regions(messages)
+        work = Work(
             transcript=messages,
             messages=list(messages),
             origin=list(range(len(messages))),
@@ -353,25 +337,37 @@ class ContextPolicy:
             model=model,
             counter=self._counter(model),
             limits=limits,
-            head_end=head,
+            head=head,
             tail_start=tail,
             pressure=pressure,
             book=book,
             summarizer=self.summarizer,
         )
+        work.replace(work.messages, work.origin)  # what `origin` describes, for `align`
+        return work
 
-    def _counter(self, model: str | None) -> TokenCounter:
+    def _counter(self, model: str | None) -> MessageCounter:
         """The counter for one call: a calibrated one reads its (maybe remote) ratio once."""
         if isinstance(self.counter, CalibratedCounter):
             return self.counter.scaled(model)
         return self.counter
 
 
-def _as_summarizer(
-    summarizer: LLMClient | Summarizer | None, model: str | None
-) -> Summarizer | None:
-    if summarizer is None:
-        return None
-    if hasattr(summarizer, "summarize"):
-        return summarizer  # type: ignore[return-value]
-    return LLMSummarizer(summarizer, model)
+def _check(
+    window: int | Callable[[str | None], int],
+    reserve_output: int,
+    trigger: float,
+    target: float,
+    keep_recent: int,
+    precompute_at: float,
+) -> None:
+    if not 0.0 < target <= trigger <= 1.0:
+        raise ConfigError(f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}")
+    if reserve_output < 0 or keep_recent < 1:
+        raise ConfigError("reserve_output must be >= 0 and keep_recent >= 1")
+    if not 0.0 <= precompute_at < trigger:
+        raise ConfigError(f"precompute_at must be within [0, trigger), got {precompute_at}")
+    if isinstance(window, int) and window - reserve_output <= 0:
+        raise ConfigError(
+            f"max_input_tokens ({window}) must exceed reserve_output ({reserve_output})"
+        )

@@ -23,7 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from shared.calibration import NO_MODEL
-from shared.counters import CalibratedCounter, HeuristicCounter, TokenCounter
+from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.counting import MessageCounter
 from shared.errors import LeaseLost, StoreUnavailable
 from shared.jobs import SummaryJob
 from shared.logs import get_logger
@@ -51,12 +52,13 @@ log = get_logger(__name__)
 __all__ = ["Outcome", "Progress", "counter_for", "policy_for", "run_job"]
 
 
-def counter_for(store: Store, model: str | None) -> TokenCounter:
-    """The API's counter (heuristic, calibrated by the shared Redis ratios), read once per job."""
-    return CalibratedCounter(_BASE_COUNTER, ratios=store.ratios).scaled(model)
+def counter_for(store: Store, tenant: str, model: str | None) -> MessageCounter:
+    """The API's counter (heuristic, calibrated by the tenant's Redis ratio of the model),
+    read once per job."""
+    return CalibratedCounter(_BASE_COUNTER, ratios=store.ratios.of(tenant)).scaled(model)
 
 
-def policy_for(job: SummaryJob, settings: Settings, counter: TokenCounter) -> ContextPolicy:
+def policy_for(job: SummaryJob, settings: Settings, counter: MessageCounter) -> ContextPolicy:
     """The policy the API used to enqueue `job`: the job's window, the settings' thresholds."""
     return service_policy(settings, job.max_input_tokens, job.reserve_output, counter)
 
@@ -68,7 +70,7 @@ async def run_job(
     summarizer: Summarizer,
     settings: Settings,
     owner: str,
-    counter: TokenCounter | None = None,
+    counter: MessageCounter | None = None,
     ticket: Ticket | None = None,
     provider: str | None = None,
     progress: Progress | None = None,
@@ -101,7 +103,7 @@ class _Runner:
         summarizer: Summarizer,
         settings: Settings,
         owner: str,
-        counter: TokenCounter | None,
+        counter: MessageCounter | None,
         ctx: dict[str, Any],
     ) -> None:
         self.job, self.store, self.summarizer = job, store, summarizer
@@ -231,7 +233,7 @@ class _Runner:
         return self.progress.probing
 
     async def _build(
-        self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: TokenCounter
+        self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: MessageCounter
     ) -> Status:
         started = time.perf_counter()
         built = await build_record(
@@ -323,7 +325,7 @@ class _ReadRatio:
         raise NotImplementedError("workers do not calibrate")
 
 
-def _scaled(ratio: float | None, model: str | None) -> TokenCounter:
+def _scaled(ratio: float | None, model: str | None) -> MessageCounter:
     """`counter_for` with the ratio already read (clamped the same way)."""
     return CalibratedCounter(_BASE_COUNTER, ratios=_ReadRatio(ratio)).scaled(model)
 

@@ -1,8 +1,10 @@
 """The report that comes with every prepared prompt: what was cut, why, and what it saved.
 
-Keys: tokens_before, tokens_after, budget, trigger_tokens, target_tokens, pressure,
+Keys: head {end, first_user, leading, messages, gap_kept} (what was kept as the head),
+tokens_before, tokens_after, budget, trigger_tokens, target_tokens, pressure,
 applied [{strategy, saved, ...}], summary {upto, prefix_hash, summarizer} | None,
-dropped_groups, dropped_messages, stale (a summary is due and not ready), changed.
+dropped_groups, dropped_messages, stale (the workers could write a better summary now and it
+is not here yet), changed.
 """
 
 from __future__ import annotations
@@ -10,12 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from shared.errors import DoesNotFit
+from shared.head import Head
 from shared.strategies import Limits, Work
 
 
-def new_report(limits: Limits, trigger: float, before: int, pressure: float) -> dict[str, Any]:
+def new_report(
+    limits: Limits, trigger: float, before: int, pressure: float, head: Head
+) -> dict[str, Any]:
     """The report of a prompt left as it was (prepare fills in what it then does)."""
     return {
+        "head": head.describe(),
         "tokens_before": before,
         "tokens_after": before,
         "budget": limits.budget,
@@ -51,16 +57,21 @@ def outcome(work: Work, after: int) -> dict[str, Any]:
     }
 
 
-def does_not_fit(work: Work, after: int) -> DoesNotFit:
-    """The error for a result still over budget, with what could not be cut."""
+def does_not_fit(work: Work, after: int, floor_chars: int) -> DoesNotFit:
+    """The error for a result still over budget, with what could not be cut (as it stands,
+    tool outputs there shortened to `floor_chars`)."""
+    work.align()
     count = work.counter.count
-    head = count(work.transcript[: work.head_end], (), work.model)
-    kept = zip(work.messages, work.origin, strict=True)
-    tail = count([m for m, o in kept if o >= work.tail_start], (), work.model)
+    kept = list(zip(work.messages, work.origin, strict=True))
+    head = [m for m, o in kept if work.head.protects(o)]
+    tail = [m for m, o in kept if o >= work.tail_start]
+    other = [m for m, o in kept if not work.head.protects(o) and o < work.tail_start]
     return DoesNotFit(
         tokens=after,
         budget=work.limits.budget,
-        head_tokens=head,
-        tail_tokens=tail,
+        head_tokens=count(head, (), work.model),
+        tail_tokens=count(tail, (), work.model),
         tools_tokens=work.counter.count_tools(work.tools, work.model),
+        other_tokens=count(other, (), work.model) if other else 0,
+        floor_chars=floor_chars,
     )

@@ -282,6 +282,13 @@ def _banner(
         out, f"worker: concurrency {settings.worker_concurrency}, queue {settings.summary_queue!r}"
     )
     _say(out, f"summarizer: {describe_summarizer(settings)}")
+    if not settings.models:
+        _say(
+            out,
+            "warning: PREFIT_MODELS is empty: every model is unknown, so requests must give "
+            "max_input_tokens and the proxy routes forward everything unfitted; set e.g. "
+            'PREFIT_MODELS=\'{"gpt-4o": {"max_input_tokens": 128000}}\'',
+        )
 
 
 def _wait_ready(sup: Supervisor, opts: UpOptions, out: TextIO) -> None:

@@ -65,6 +65,11 @@ class Settings(BaseSettings):
     redis_max_connections: int = 512
     lease_ttl_s: float = 30.0
 
+    # calibration per tenant and model (shared/settling.py)
+    calibration_settle_after: int = Field(default=100, ge=1)
+    calibration_tolerance: float = Field(default=1.5, gt=1.0)
+    calibration_retention_s: int = Field(default=30 * 24 * 3600, gt=0)
+
     # worker
     summary_queue: str = "summaries"
     worker_concurrency: int = 200
@@ -85,9 +90,30 @@ class Settings(BaseSettings):
     max_messages: int = 20_000
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0
+    request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this
+    allow_open: bool = False  # open mode (no API keys) on a non-loopback address
+    metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
+
+    # drop-in proxy (api/proxy): the providers it forwards to, with the deployment's keys
+    openai_base_url: str = "https://api.openai.com/v1"
+    openai_api_key: SecretStr | None = None
+    anthropic_base_url: str = "https://api.anthropic.com"
+    anthropic_api_key: SecretStr | None = None
+    # opt-in: forward each client's own provider key (see docs/api.md, "Provider keys")
+    proxy_forward_client_keys: bool = False
+    upstream_connect_timeout_s: float = 5.0
+    upstream_read_timeout_s: float = 600.0  # between two bytes of an answer, not in total
+    upstream_write_timeout_s: float = 60.0
+    upstream_pool_timeout_s: float = 30.0
+    upstream_max_connections: int = 200
+    upstream_keepalive_s: float = 60.0
 
     # misc
     tiktoken_dir: Path | None = None
+    # tiktoken's own convention: a folder of files named by the SHA-1 of their download URL
+    tiktoken_cache_dir: Path | None = Field(
+        default=None, validation_alias=AliasChoices("TIKTOKEN_CACHE_DIR")
+    )
     log_json: bool | None = None  # None: JSON when stderr is not a TTY
     log_level: str = "INFO"
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from shared.counters import TokenCounter
+from shared.counting import MessageCounter
 from shared.errors import ConfigError, ContextLengthExceeded, RangeTooLong
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
@@ -47,7 +47,7 @@ def plan_cut(
     *,
     start: int,
     tail_start: int,
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     keep_tokens: int,
 ) -> int:
@@ -72,7 +72,7 @@ def _chunks(
     transcript: Sequence[Message],
     start: int,
     cut: int,
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     chunk_tokens: int,
 ) -> deque[tuple[int, int]]:
@@ -101,7 +101,7 @@ def _halve(transcript: Sequence[Message], a: int, b: int) -> tuple[tuple[int, in
 def _too_long(
     group: Sequence[Message],
     bounds: tuple[int, int],
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     chunk_tokens: int,
     exc: ContextLengthExceeded,
@@ -128,7 +128,7 @@ async def build_record(
     cut: int,
     previous: SummaryRecord | None,
     summarizer: Summarizer,
-    counter: TokenCounter,
+    counter: MessageCounter,
     model: str | None,
     chunk_tokens: int,
     max_summary_tokens: int,

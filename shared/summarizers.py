@@ -107,3 +107,14 @@ class FnSummarizer:
     ) -> Completion:
         text = await self.fn(build_prompt(previous, messages, max_tokens), self.model)
         return Completion(text=text, model=self.model)
+
+
+def as_summarizer(
+    summarizer: LLMClient | Summarizer | None, model: str | None
+) -> Summarizer | None:
+    """A `Summarizer` from what a policy was given: one already, or an `LLMClient` to call."""
+    if summarizer is None:
+        return None
+    if hasattr(summarizer, "summarize"):
+        return summarizer  # type: ignore[return-value]
+    return LLMSummarizer(summarizer, model)

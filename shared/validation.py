@@ -17,7 +17,7 @@ from typing import Any, Generic, TypeVar
 
 from shared.countcache import private_copy
 from shared.messagekeys import message_key
-from shared.messages import Message, validate, validate_from
+from shared.messages import Message, Open, validate, validate_from
 
 _T = TypeVar("_T")
 
@@ -27,7 +27,7 @@ class _Entry(Generic[_T]):
     """One conversation's last checked transcript; read and grown only under the memo's lock."""
 
     copies: list[Any]  # private copies of the transcript checked last
-    pending: set[str] | None  # open tool-call ids after them
+    pending: Open | None  # tool calls still unanswered after them
     state: _T | None  # what the caller derived from exactly these messages
 
 

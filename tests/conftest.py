@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from shared.messages import Message, groups, head_end
+from shared.head import head_end
+from shared.messages import Message, groups
 from shared.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -39,15 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    529: "overloaded_error",
-}
+from api.proxy.anthropic import ERROR_TYPES
+
 GATE_TIMEOUT_S = 10.0
 
 

@@ -136,3 +136,12 @@ def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
     """The virtualenv, git history and caches never enter the build context."""
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", ".git", "**/__pycache__"} <= ignored
+
+
+def test_the_image_declares_where_the_api_listens() -> None:
+    """PREFIT_HOST matches the uvicorn bind, so open mode is refused at start-up in the image."""
+    steps = _instructions()
+    envs = " ".join(args for word, args in steps if word == "ENV")
+    assert "PREFIT_HOST=0.0.0.0" in envs
+    [cmd] = [args for word, args in steps if word == "CMD"]
+    assert '"--host", "0.0.0.0"' in cmd

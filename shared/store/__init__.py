@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import redis
 
 from shared.settings import Settings
+from shared.settling import SettlingRule
 from shared.store.blocks import Blocks, Range
 from shared.store.breaker import Breakers, BreakerState
-from shared.store.calibration import Calibration, RedisRatios
+from shared.store.calibration import Calibration, RedisRatios, TenantRatios
 from shared.store.claims import Claim, Claims
 from shared.store.client import connect, guarded
 from shared.store.conversations import Conversation, ConversationMeta, ConversationStore
@@ -47,6 +48,7 @@ __all__ = [
     "RecordStore",
     "RedisRatios",
     "Store",
+    "TenantRatios",
     "Ticket",
     "Usage",
     "UsageStore",
@@ -78,7 +80,14 @@ class Store:
             client=client,
             conversations=ConversationStore(client, retention_s=retention),
             records=RecordStore(client, retention_s=retention),
-            ratios=RedisRatios(client),
+            ratios=RedisRatios(
+                client,
+                retention_s=settings.calibration_retention_s,
+                rule=SettlingRule(
+                    settle_after=settings.calibration_settle_after,
+                    tolerance=settings.calibration_tolerance,
+                ),
+            ),
             usage=UsageStore(client),
             dead_letters=DeadLetters(client, retention_s=retention),
             leases=leases,

@@ -1,8 +1,12 @@
-"""Calibration ratios in Redis, shared by every API replica and worker.
+"""Calibration ratios in Redis, per tenant and model, shared by every API replica and worker.
 
-A ratio (provider's prompt tokens / our estimate) describes a model's tokenizer, not anyone's
-data, so it is global per model (under `prefit:v1:global:`), not per tenant: every tenant's
-traffic improves the same estimate. Implements the `RatioStore` protocol of shared/counters.py.
+A ratio (provider's prompt tokens / our estimate) is kept per tenant: observations come from
+a tenant's own clients, so what one tenant reports never changes how another tenant's
+prompts are counted. Updates follow the service's `SettlingRule` (shared/settling.py) in one
+Lua call: an implausible observation is refused and changes nothing. A ratio key expires
+`retention_s` after its last accepted observation (then the model counts at 1.0 again).
+
+`of(tenant)` is the tenant's `RatioStore` (shared/calibration.py), for a `CalibratedCounter`.
 """
 
 from __future__ import annotations
@@ -13,22 +17,31 @@ from dataclasses import dataclass
 import redis
 
 from shared import keys
-from shared.errors import ConfigError
-from shared.store.client import guarded, text
+from shared.calibration import RatioStore
+from shared.errors import ImplausibleObservation
+from shared.settling import SettlingRule
+from shared.store.client import guarded, text, ttl_ms
 
-# KEYS: ratio hash. ARGV: observed, smoothing, low, high. `shared.calibration.smoothed` in Lua:
-# the observation is clamped, the first one sets the ratio, later ones blend in (EMA), and the
-# result is clamped. Returned as a string: Lua numbers would come back truncated to integers.
+# KEYS: ratio hash. ARGV: observed, low, high, settle after, tolerance, ttl ms.
+# `SettlingRule.fold` in Lua (same operations, so the same doubles). Ratios travel as
+# strings: Lua numbers would come back truncated to integers.
+# Refused: {0, reason ('bounds'|'far'), current ratio or false, observations}.
+# Accepted: {1, new ratio, observations}.
 UPDATE = """
-local old = tonumber(redis.call('HGET', KEYS[1], 'ratio'))
-local smoothing = tonumber(ARGV[2])
-local low, high = tonumber(ARGV[3]), tonumber(ARGV[4])
-local new = math.min(high, math.max(low, tonumber(ARGV[1])))
-if old then new = math.min(high, math.max(low, (1 - smoothing) * old + smoothing * new)) end
+local raw = redis.call('HMGET', KEYS[1], 'ratio', 'observations')
+local old, n = tonumber(raw[1]), tonumber(raw[2] or '0')
+local x = tonumber(ARGV[1])
+local settle, tolerance = tonumber(ARGV[4]), tonumber(ARGV[5])
+if x < tonumber(ARGV[2]) or x > tonumber(ARGV[3]) then return {0, 'bounds', raw[1], n} end
+if old and n >= settle and (x < old / tolerance or x > old * tolerance) then
+  return {0, 'far', raw[1], n}
+end
+local new = x
+if old then new = old + (1 / (math.min(n, settle) + 1)) * (x - old) end
 local encoded = string.format('%.17g', new)
-redis.call('HSET', KEYS[1], 'ratio', encoded)
-redis.call('HINCRBY', KEYS[1], 'observations', 1)
-return encoded
+redis.call('HSET', KEYS[1], 'ratio', encoded, 'observations', n + 1)
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+return {1, encoded, n + 1}
 """
 
 
@@ -41,49 +54,72 @@ class Calibration:
 
 
 class RedisRatios:
-    """`RatioStore` on Redis: atomic smoothed updates, so concurrent observations all count."""
+    """Every tenant's calibration ratios: atomic settled updates, so concurrent ones all count."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(
+        self, client: redis.Redis, *, retention_s: float, rule: SettlingRule | None = None
+    ) -> None:
         self._r = client
+        self._ttl = ttl_ms(retention_s)
+        self.rule = rule if rule is not None else SettlingRule()
         self._update = client.register_script(UPDATE)
 
+    def of(self, tenant: str) -> TenantRatios:
+        """The tenant's ratios as a `RatioStore`."""
+        keys.check_tenant(tenant)
+        return TenantRatios(self, tenant)
+
     @guarded
-    def get(self, model: str | None) -> float | None:
-        """The model's ratio, or None before its first observation."""
-        raw = self._r.hget(keys.ratio(model), "ratio")
+    def get(self, tenant: str, model: str | None) -> float | None:
+        """The tenant's ratio for `model`, or None before its first observation."""
+        raw = self._r.hget(keys.ratio(tenant, model), "ratio")
         return float(text(raw)) if raw is not None else None
 
     @guarded
-    def update(
-        self,
-        model: str | None,
-        observed_ratio: float,
-        smoothing: float,
-        bounds: tuple[float, float],
-    ) -> float:
-        """Fold one observation in: new = old x (1 - smoothing) + observed x smoothing, clamped."""
-        low, high = _check(observed_ratio, smoothing, bounds)
-        args = [repr(float(observed_ratio)), repr(float(smoothing)), repr(low), repr(high)]
-        return float(text(self._update(keys=[keys.ratio(model)], args=args)))
+    def observe(self, tenant: str, model: str | None, observed: float) -> float:
+        """Fold one observed ratio in by the rule and return the new ratio; an implausible
+        one raises `ImplausibleObservation` and changes nothing."""
+        if not _finite(observed) or observed <= 0:
+            raise ImplausibleObservation(f"observed ratio {observed!r} is not a positive number")
+        rule = self.rule
+        low, high = rule.bounds
+        args: list[str | int] = [repr(float(observed)), repr(low), repr(high)]
+        args += [rule.settle_after, repr(rule.tolerance), self._ttl]
+        reply = self._update(keys=[keys.ratio(tenant, model)], args=args)
+        if not reply[0]:
+            current = float(text(reply[2])) if reply[2] else None
+            reason = rule.refusal(current, int(reply[3]), float(observed))
+            raise ImplausibleObservation(reason or f"observation refused ({text(reply[1])})")
+        return float(text(reply[1]))
 
     @guarded
-    def calibration(self, model: str | None) -> Calibration | None:
+    def calibration(self, tenant: str, model: str | None) -> Calibration | None:
         """Ratio and observation count together (for operators and tests)."""
-        raw = self._r.hmget(keys.ratio(model), ["ratio", "observations"])
+        raw = self._r.hmget(keys.ratio(tenant, model), ["ratio", "observations"])
         if raw[0] is None:
             return None
         return Calibration(float(text(raw[0])), int(text(raw[1] or b"0")))
 
 
-def _check(observed: float, smoothing: float, bounds: tuple[float, float]) -> tuple[float, float]:
-    if not _finite(observed) or observed <= 0:
-        raise ConfigError(f"observed ratio must be a positive finite number, got {observed!r}")
-    if not _finite(smoothing) or not 0 < smoothing <= 1:
-        raise ConfigError(f"smoothing must be in (0, 1], got {smoothing!r}")
-    low, high = bounds
-    if not (_finite(low) and _finite(high)) or not 0 < low <= high:
-        raise ConfigError(f"bounds must satisfy 0 < low <= high, got {bounds!r}")
-    return float(low), float(high)
+@dataclass(frozen=True)
+class TenantRatios:
+    """One tenant's ratios as a `RatioStore`. `update` applies the service's `SettlingRule`:
+    the `smoothing` and `bounds` a `CalibratedCounter` passes are not used, since a tenant's
+    ratio settles instead (shared/settling.py)."""
+
+    ratios: RedisRatios
+    tenant: str
+
+    def get(self, model: str) -> float | None:
+        return self.ratios.get(self.tenant, model)
+
+    def update(
+        self, model: str, observed_ratio: float, smoothing: float, bounds: tuple[float, float]
+    ) -> float:
+        return self.ratios.observe(self.tenant, model, observed_ratio)
+
+
+_: type[RatioStore] = TenantRatios  # the protocol is met
 
 
 def _finite(value: object) -> bool:

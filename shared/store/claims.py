@@ -7,8 +7,8 @@ Here the same commands go out in three pipelines, in the same order, with the sa
 
 - `claim`: the lease (SET NX PX) and, only if it was taken, the conversation's metadata,
   messages, prefix hashes, summary records and blocked range, in one Lua script (a job that
-  finds the lease held reads nothing but the holder's id); the model's calibration ratio
-  rides along;
+  finds the lease held reads nothing but the holder's id); the tenant's calibration ratio of
+  the job's model rides along;
 - `commit`: the tenant's usage counters, then the record (SET NX and its index), two scripts
   in one pipeline: the spend is counted before the write, and counted even if the write fails;
 - `release`: the lease given up (compare-and-delete), then the conversation's metadata read,
@@ -103,9 +103,9 @@ class Claims:
     ) -> Claim:
         """Take the conversation's lease and read what a job plans on, in one round trip.
 
-        `ratio_of`: also read this model's calibration ratio ("" for no model). `ticket`: also
-        register the job as in flight (`shared.store.inflight`), renewed with the lease.
-        `provider`: also read the summarizer's breaker (`shared.store.breaker`).
+        `ratio_of`: also read the tenant's calibration ratio of this model ("" for no model).
+        `ticket`: also register the job as in flight (`shared.store.inflight`), renewed with
+        the lease. `provider`: also read the summarizer's breaker (`shared.store.breaker`).
         """
         started = self._leases.clock()
         ks = [
@@ -119,7 +119,7 @@ class Claims:
         pipe = self._r.pipeline(transaction=False)
         pipe.eval(CLAIM, len(ks), *ks, check_owner(owner), ttl_ms(ttl), keys.record_prefix(tenant))
         if ratio_of is not None:
-            pipe.hget(keys.ratio(ratio_of), "ratio")
+            pipe.hget(keys.ratio(tenant, ratio_of), "ratio")
         if provider is not None:
             Breakers.read_in(pipe, provider)
         if ticket is not None:

@@ -25,6 +25,7 @@ class ClearToolResults:
         return f"ClearToolResults(keep_last={self.keep_last})"
 
     async def apply(self, work: Work) -> None:
+        work.align()
         positions = [i for i, m in enumerate(work.messages) if m.get("role") == "tool"]
         old = positions[: max(0, len(positions) - self.keep_last)]
         targets = [

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 from shared.messages import Message, groups
-from shared.strategies.work import SYNTHETIC, Work
+from shared.strategies.origins import SYNTHETIC
+from shared.strategies.work import Work
 
 MARKER_TAG = "were dropped here to fit the context window]"
+_MARKER = re.compile(r"\[(\d+) earlier messages \((\d+) turns\) " + re.escape(MARKER_TAG))
 
 
 def drop_marker(messages: int, turn_groups: int) -> Message:
@@ -21,32 +24,48 @@ def drop_marker(messages: int, turn_groups: int) -> Message:
 
 
 class DropOldest:
-    """Delete the oldest turn groups until it fits (never the head, a summary or the tail)."""
+    """Delete the oldest turn groups until it fits (never the head, a summary or the tail).
+
+    Each run of dropped groups leaves one marker saying how much is missing there (one run,
+    right after the head, unless a cut-able gap before the task was dropped too).
+    """
 
     def __repr__(self) -> str:
         return "DropOldest()"
 
     async def apply(self, work: Work) -> None:
-        origin, head, tail = work.origin, work.head_end, work.tail_start
-        # a group's origins are contiguous, and prefit's own messages (-1) stand alone
-        spans = [
-            tuple(origin[a:b])
-            for a, b in groups(work.messages)
-            if origin[a] >= head and origin[a] != SYNTHETIC and origin[b - 1] < tail
-        ]
+        work.align()
+        spans = droppable(work)
         if not spans:
             return
         before = work.tokens()
-        size = dict(zip(work.origin, map(work.size, work.messages), strict=True))
+        base, origin = work.messages, work.origin
+        sizes = [work.size(m) for m in base]
         # per-message sizes are raw estimates; scale them to the calibrated, pressured measure
-        scale = before / max(1, sum(size.values()))
-        dropped = list(accumulate((sum(size[o] for o in span) for span in spans), initial=0))
+        scale = before / max(1, sum(sizes))
+        dropped = list(accumulate((sum(sizes[a:b]) for a, b in spans), initial=0))
         take = first_guess(dropped.__getitem__, len(spans), scale, before - work.limits.target)
-        _drop(work, spans[:take])
+        _drop(work, base, origin, spans[:take])
         while take < len(spans) and not work.fits_target():
-            _drop(work, spans[take : take + 1])
             take += 1
+            _drop(work, base, origin, spans[:take])
+        work.dropped_groups += take
+        work.dropped_messages += sum(b - a for a, b in spans[:take])
         work.record("DropOldest", before, groups=work.dropped_groups)
+
+
+def droppable(work: Work) -> list[tuple[int, int]]:
+    """Positions `[a, b)` of the turn groups that may go, oldest first: before the protected
+    tail, nothing protected in them, and none of prefit's own messages (summary, marker)."""
+    origin, tail = work.origin, work.tail_start
+    end = next((p for p, o in enumerate(origin) if o >= tail), len(origin))
+    spans = []
+    for a, b in groups(work.messages):
+        if b > end:
+            break
+        if all(origin[p] != SYNTHETIC and not work.protected(p) for p in range(a, b)):
+            spans.append((a, b))
+    return spans
 
 
 def first_guess(dropped: Callable[[int], int], count: int, scale: float, excess: int) -> int:
@@ -60,23 +79,43 @@ def first_guess(dropped: Callable[[int], int], count: int, scale: float, excess:
     return min(covered, count)
 
 
-def _drop(work: Work, spans: list[tuple[int, ...]]) -> None:
-    """Remove the groups whose original indices are `spans`, keeping one marker in their place."""
-    gone = {o for span in spans for o in span}
-    work.dropped_groups += len(spans)
-    work.dropped_messages += len(gone)
-    marker = drop_marker(work.dropped_messages, work.dropped_groups)
+def _drop(
+    work: Work, base: Sequence[Message], origin: Sequence[int], spans: list[tuple[int, int]]
+) -> None:
+    """`base` without the groups at `spans`, one marker standing for each run of them (an
+    earlier marker next to a run is folded into it)."""
+    gone = {p for a, b in spans for p in range(a, b)}
+    starts = {a for a, _ in spans}
     messages: list[Message] = []
-    origin: list[int] = []
-    placed = False
-    for m, o in zip(work.messages, work.origin, strict=True):
-        is_marker = o == SYNTHETIC and MARKER_TAG in str(m.get("content"))
-        if is_marker or o in gone:
-            if not placed:
-                messages.append(marker)
-                origin.append(SYNTHETIC)
-                placed = True
+    kept: list[int] = []
+    run: list[int] | None = None  # [messages, groups] of the run being dropped
+    for p, m in enumerate(base):
+        counts = marker_counts(m) if origin[p] == SYNTHETIC else None
+        if p in gone or counts is not None:
+            run = run or [0, 0]
+            extra = counts or (1, 1 if p in starts else 0)
+            run[0] += extra[0]
+            run[1] += extra[1]
             continue
+        if run is not None:
+            _place(messages, kept, run)
+            run = None
         messages.append(m)
-        origin.append(o)
-    work.replace(messages, origin)
+        kept.append(origin[p])
+    if run is not None:
+        _place(messages, kept, run)
+    work.replace(messages, kept)
+
+
+def _place(messages: list[Message], kept: list[int], run: list[int]) -> None:
+    messages.append(drop_marker(run[0], run[1]))
+    kept.append(SYNTHETIC)
+
+
+def marker_counts(m: Message) -> tuple[int, int] | None:
+    """(messages, groups) a drop marker stands for; None for any other message."""
+    content = m.get("content")
+    if not isinstance(content, str):
+        return None
+    match = _MARKER.fullmatch(content)
+    return (int(match[1]), int(match[2])) if match else None

@@ -5,7 +5,8 @@ from __future__ import annotations
 from shared.errors import ConfigError
 from shared.llm import LLMClient, SummarizeFn
 from shared.messages import Message
-from shared.strategies.work import SYNTHETIC, Work
+from shared.strategies.origins import SYNTHETIC
+from shared.strategies.work import Work
 from shared.summaries import SummaryRecord
 from shared.summarize import build_record, plan_cut, summary_message
 from shared.summarizers import FnSummarizer, LLMSummarizer, Summarizer
@@ -52,6 +53,7 @@ class Summarize:
         return self._own
 
     async def apply(self, work: Work) -> None:
+        work.align()
         if work.tail_start <= work.head_end:
             return
         before = work.tokens()
@@ -63,13 +65,12 @@ class Summarize:
         summarizer = self._own or work.summarizer
         if summarizer is not None and (record is None or not self._fits_with(work, record)):
             record = await self._extend(work, summarizer, record) or record
+        # stale: a summary is due that the workers could write now, and it is not here
+        work.stale = summarizer is None and work.book is not None and work.due()
         if record is None:
-            work.stale = summarizer is None and work.book is not None
             return
         self._install(work, record)
         work.summary = record
-        # prepare gets here only when the book's best record alone left it over the trigger
-        work.stale = summarizer is None and work.book is not None
         work.record("Summarize", before, upto=record.upto, prefix_hash=record.prefix_hash)
 
     @staticmethod
@@ -117,17 +118,15 @@ class Summarize:
 
 
 def _installed(work: Work, record: SummaryRecord) -> tuple[list[Message], list[int]]:
-    """The messages with `transcript[head_end:upto]` (and markers) replaced by the summary."""
-    messages: list[Message] = []
-    origin: list[int] = []
-    placed = False
-    for m, o in zip(work.messages, work.origin, strict=True):
-        if o == SYNTHETIC or work.head_end <= o < record.upto:
-            if not placed:
-                messages.append(summary_message(record, work.head_end))
-                origin.append(SYNTHETIC)
-                placed = True
-            continue
-        messages.append(m)
-        origin.append(o)
-    return messages, origin
+    """The messages with what stands for `transcript[head_end:upto]` replaced by the summary:
+    everything after the head's region and before the first message from `upto` on (earlier
+    summaries and drop markers there included)."""
+    origin = work.origin
+    start = 1 + max((p for p, o in enumerate(origin) if 0 <= o < work.head_end), default=-1)
+    stop = next((p for p, o in enumerate(origin) if o >= record.upto), len(origin))
+    stop = max(start, stop)
+    if stop == start:
+        return work.messages, origin
+    summary = summary_message(record, work.head_end)
+    messages = [*work.messages[:start], summary, *work.messages[stop:]]
+    return messages, [*origin[:start], SYNTHETIC, *origin[stop:]]

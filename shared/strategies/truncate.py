@@ -55,6 +55,7 @@ class TruncateToolResults:
         return None
 
     async def apply(self, work: Work) -> None:
+        work.align()
         before = work.tokens()
         out: list[Message] = []
         shortened = 0

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from shared.calibration import ScaledCounter, scale
-from shared.counters import CachedCounter, TokenCounter
+from shared.counters import CachedCounter
+from shared.counting import MessageCounter
 from shared.hashing import prefix_hashes
+from shared.head import Head
 from shared.messages import Message, ToolSpec
+from shared.strategies.origins import recover
 from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarizers import Summarizer
-
-SYNTHETIC = -1  # origin of a message prefit wrote (summary, drop marker)
 
 
 class SizeMemo:
@@ -60,7 +61,7 @@ class SizeMemo:
 
 
 def measure(
-    counter: TokenCounter,
+    counter: MessageCounter,
     messages: Sequence[Message],
     tools: Sequence[ToolSpec],
     model: str | None,
@@ -73,7 +74,7 @@ def measure(
     return scale(ratio, memo.total(base, messages, tools, model))
 
 
-def counter_parts(counter: TokenCounter) -> tuple[CachedCounter | None, float]:
+def counter_parts(counter: MessageCounter) -> tuple[CachedCounter | None, float]:
     """The cached base counter and calibration ratio behind `counter`, when it has them."""
     if isinstance(counter, CachedCounter):
         return counter, 1.0
@@ -93,12 +94,19 @@ class Limits:
     max_summary_tokens: int
 
 
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class Work:
     """Messages being cut, with where each came from in the original transcript.
 
-    `origin[i]` is the index in `transcript` of `messages[i]` (or `SYNTHETIC`). The head is
-    `transcript[:head_end]`; the protected recent tail is `transcript[tail_start:]`.
+    `origin[i]` is the index in `transcript` of `messages[i]`, `SYNTHETIC` for prefit's own
+    messages, `UNKNOWN` for one that matches nothing (see shared/strategies/origins.py). The
+    head is `head` (its region `transcript[:head_end]`); the protected recent tail is
+    `transcript[tail_start:]`. A strategy may replace `messages` without `origin`: the
+    built-ins call `align()` first, which recovers it.
     """
 
     transcript: Sequence[Message]
@@ -106,9 +114,9 @@ class Work:
     origin: list[int]
     tools: Sequence[ToolSpec]
     model: str | None
-    counter: TokenCounter
+    counter: MessageCounter
     limits: Limits
-    head_end: int
+    head: Head
     tail_start: int
     pressure: float = 1.0
     book: SummaryBook | None = None
@@ -121,17 +129,27 @@ class Work:
     new_summaries: list[SummaryRecord] = field(default_factory=list)
     tokens_spent: int = 0
     cost: float = 0.0
+    # whether the workers could write a better record now (the policy's `summary_due`)
+    due: Callable[[], bool] = _always
     _hashes: list[str] | None = None
-    _measured: tuple[list[Message], int] | None = None
+    _measured: tuple[list[Message], int, int] | None = None
+    # the list `origin` was last known to describe: (list, ids, items, origin)
+    _aligned: tuple[list[Message], list[int], list[Message], list[int]] | None = None
     sizes: SizeMemo = field(default_factory=SizeMemo)
+
+    @property
+    def head_end(self) -> int:
+        """End of the head's region (summaries cover `[head_end, upto)`)."""
+        return self.head.end
 
     def tokens(self) -> int:
         """Estimated tokens of the current messages, scaled by 1/pressure."""
-        if self._measured is not None and self._measured[0] is self.messages:
-            return self._measured[1]
+        found = self._measured
+        if found is not None and found[0] is self.messages and found[1] == len(self.messages):
+            return found[2]
         raw = self._count()
         value = math.ceil(raw / self.pressure) if self.pressure != 1.0 else raw
-        self._measured = (self.messages, value)
+        self._measured = (self.messages, len(self.messages), value)
         return value
 
     def _count(self) -> int:
@@ -161,11 +179,36 @@ class Work:
         self._hashes = list(hashes)
 
     def replace(self, messages: list[Message], origin: list[int]) -> None:
-        """Swap in a new message list (strategies never mutate messages in place)."""
-        if len(messages) != len(origin):
-            raise AssertionError("messages and origin must stay aligned")
+        """Swap in a new message list with the origin of each (recovered if it does not fit)."""
         self.messages = messages
         self.origin = origin
+        if len(origin) == len(messages):
+            self._snapshot()
+        else:
+            self.align()
+
+    def align(self) -> None:
+        """Make `origin` describe `messages` again after someone replaced or changed the list."""
+        msgs = self.messages
+        found = self._aligned
+        if (
+            found is not None
+            and found[0] is msgs
+            and len(self.origin) == len(msgs)
+            and found[1] == list(map(id, msgs))
+        ):
+            return
+        if found is None:
+            known, known_origin = list(self.transcript), list(range(len(self.transcript)))
+        else:
+            known, known_origin = found[2], found[3]
+        self.origin = recover(msgs, known, known_origin, self.transcript)
+        self._snapshot()
+
+    def _snapshot(self) -> None:
+        # the items are kept too: they keep their ids from being reused by new objects
+        msgs = self.messages
+        self._aligned = (msgs, list(map(id, msgs)), list(msgs), list(self.origin))
 
     def record(self, strategy: str, before: int, **detail: Any) -> None:
         """Note that `strategy` changed the messages, saving `before - now` tokens."""
@@ -174,7 +217,7 @@ class Work:
     def protected(self, position: int) -> bool:
         """Whether the current message at `position` is head or protected recent tail."""
         o = self.origin[position]
-        return o != SYNTHETIC and (o < self.head_end or o >= self.tail_start)
+        return o >= 0 and (o >= self.tail_start or self.head.protects(o))
 
 
 class Strategy(Protocol):

@@ -51,7 +51,7 @@ def key_of(tenant: str) -> str:
 
 @pytest.fixture
 def model() -> str:
-    """A model name no other test uses (calibration ratios are global per model)."""
+    """A model name no other test uses."""
     return f"model-{uuid.uuid4().hex[:10]}"
 
 

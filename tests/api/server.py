@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.applications import Starlette
 
 from shared.redisproc import free_port
 
@@ -16,10 +16,11 @@ START_TIMEOUT_S = 10.0
 
 
 @contextmanager
-def serve(app: FastAPI) -> Iterator[str]:
-    """Run `app` under uvicorn until the block ends; yields its base URL."""
+def serve(app: Starlette, host: str = "127.0.0.1") -> Iterator[str]:
+    """Run `app` (the API or a fake provider) under uvicorn, bound to `host`, until the block
+    ends; yields its base URL on 127.0.0.1."""
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()

@@ -79,6 +79,13 @@ def test_health_and_metrics_need_no_key(client: TestClient) -> None:
     assert client.get("/metrics", headers=plain).status_code == 200
 
 
+def test_the_root_page_points_at_the_docs(client: TestClient) -> None:
+    """`/` answers a short HTML page, without a key, linking /docs."""
+    r = client.get("/", headers={"Authorization": ""})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert 'href="/docs"' in r.text
+
+
 def test_tenants_never_see_each_other(
     redis_url: str, store: Store, recorder: Recorder, model: str
 ) -> None:

@@ -6,7 +6,6 @@ import pytest
 
 from api.cache import ConversationCache
 from api.calibration import CachedRatios
-from shared.counters import MemoryRatios
 from shared.errors import NotFound, StoreUnavailable
 from shared.store import Store
 from shared.store.increments import Increments
@@ -44,28 +43,38 @@ def test_cache_is_bounded_by_bytes(store: Store, tenant: str) -> None:
     assert ids[0] not in {c for _, c in cache._entries}
 
 
-class Flaky(MemoryRatios):
-    down = False
+class Flaky:
+    """Ratios per (tenant, model) in memory, that can be taken down."""
 
-    def get(self, model: str) -> float | None:
+    def __init__(self) -> None:
+        self.down = False
+        self.values: dict[tuple[str, str | None], float] = {}
+
+    def get(self, tenant: str, model: str | None) -> float | None:
         if self.down:
             raise StoreUnavailable("down")
-        return super().get(model)
+        return self.values.get((tenant, model))
+
+    def observe(self, tenant: str, model: str | None, observed: float) -> float:
+        self.values[(tenant, model)] = observed
+        return observed
 
 
 def test_ratios_are_read_once_per_ttl_and_remembered_for_degraded_answers() -> None:
-    """Reads are cached for the TTL; with the store down the last ratio is still known."""
+    """Reads are cached for the TTL per tenant; with the store down the last ratio is known."""
     now = [0.0]
     inner = Flaky()
-    inner.update("m", 2.0, 1.0, (0.5, 3.0))
+    inner.observe("a", "m", 2.0)
+    inner.observe("b", "m", 1.5)
     ratios = CachedRatios(inner, ttl=1.0, clock=lambda: now[0])
-    assert ratios.get("m") == 2.0 and ratios.fresh("m")
-    inner.update("m", 1.0, 1.0, (0.5, 3.0))
-    assert ratios.get("m") == 2.0  # cached
+    assert ratios.get("a", "m") == 2.0 and ratios.fresh("a", "m")
+    assert not ratios.fresh("b", "m") and ratios.get("b", "m") == 1.5
+    inner.observe("a", "m", 1.0)
+    assert ratios.get("a", "m") == 2.0  # cached
     now[0] = 1.5
-    assert ratios.get("m") == 1.0
+    assert ratios.get("a", "m") == 1.0
     inner.down = True
     now[0] = 3.0
     with pytest.raises(StoreUnavailable):
-        ratios.get("m")
-    assert ratios.last_known("m") == 1.0
+        ratios.get("a", "m")
+    assert ratios.last_known("a", "m") == 1.0 and ratios.last_known("c", "m") is None

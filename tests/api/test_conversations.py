@@ -83,6 +83,45 @@ def test_unpaired_tool_result_is_422_with_index_and_nothing_stored(
     assert client.get(f"/v1/conversations/{cid}").json()["length"] == 2
 
 
+@pytest.mark.parametrize(
+    ("stored", "new", "index", "reason"),
+    [
+        ([user("go"), call("c1")], [user("and?")], 0, "'c1' were never answered"),
+        ([user("go"), call("c1")], [result("c1", "a"), result("c1", "b")], 1, "already answered"),
+        ([user("go")], [call("c1"), call("c2")], 1, "never answered"),
+    ],
+)
+def test_shapes_a_provider_rejects_are_422_and_change_nothing(
+    client: TestClient,
+    model: str,
+    stored: list[dict[str, Any]],
+    new: list[dict[str, Any]],
+    index: int,
+    reason: str,
+) -> None:
+    """An unanswered call followed by more, two results for one call: refused, nothing stored."""
+    cid = conv_id()
+    assert append(client, cid, stored, model).status_code == 200
+    before = client.get(f"/v1/conversations/{cid}").json()
+    r = append(client, cid, new, model)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["index"] == index and reason in r.json()["error"]["reason"]
+    assert client.get(f"/v1/conversations/{cid}").json() == before
+    r = client.put(f"/v1/conversations/{cid}", json=body([*stored, *new], model))
+    assert r.status_code == 422 and client.get(f"/v1/conversations/{cid}").json() == before
+    r = client.post("/v1/prepare", json=body([*stored, *new], model))
+    assert r.status_code == 422 and r.json()["error"]["index"] == len(stored) + index
+
+
+def test_an_empty_transcript_is_422(client: TestClient, model: str) -> None:
+    """Nothing to send is refused by PUT and stateless prepare, and nothing is created."""
+    cid = conv_id()
+    r = client.put(f"/v1/conversations/{cid}", json=body([], model))
+    assert r.status_code == 422 and "empty" in r.json()["error"]["message"]
+    assert client.get(f"/v1/conversations/{cid}").status_code == 404
+    assert client.post("/v1/prepare", json=body([], model)).status_code == 422
+
+
 def test_invalid_first_append_creates_nothing(client: TestClient, model: str) -> None:
     """A malformed message is refused with its index, and no conversation is created."""
     cid = conv_id()
@@ -277,6 +316,7 @@ REAL = [
     "taubench__airline_gpt-4o__task002_trial2.json",
     "mswea_gemini3pro__django__django-13315.json",
     "toolbench__G1_answer__10_ChatGPT_DFS_woFilter_w2.json",
+    "tau2_airline_claude-sonnet-4-5__task007.json",  # the agent greets first
 ]
 
 
@@ -299,8 +339,10 @@ def test_real_transcript_turn_by_turn_matches_the_policy(
         cut += 1
     record = SummaryRecord(cut, prefix_hash(msgs[:cut]), "a summary " * 30)
     store.records.put(tenant, cid, record)
-    extra = user("thanks")
-    r = append(client, cid, [extra], model, **window)
+    calls = msgs[-1].get("tool_calls") or []  # a trailing call in flight is answered first
+    extra = [{"role": "tool", "tool_call_id": c["id"], "content": "done"} for c in calls]
+    extra.append(user("thanks"))
+    r = append(client, cid, extra, model, **window)
     p = ContextPolicy(1_000_000, counter=HeuristicCounter())
-    expected = p.effective_tokens([*msgs, extra], book=SummaryBook([record]))
+    expected = p.effective_tokens([*msgs, *extra], book=SummaryBook([record]))
     assert r.json()["effective_tokens"] == expected

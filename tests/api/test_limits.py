@@ -87,6 +87,7 @@ def _run(
         "path": path,
         "headers": headers,
         "query_string": b"",
+        "server": ("127.0.0.1", 8000),
     }
     asyncio.run(app(scope, receive, send))
     return sent, calls

@@ -9,11 +9,12 @@ import pytest
 import structlog
 from fastapi.testclient import TestClient
 
+from api.app import create_app
 from api.conversations import Conversations
 from shared.hashing import prefix_hash
 from shared.store import Store
 from shared.summaries import SummaryRecord
-from tests.api.conftest import key_of
+from tests.api.conftest import Recorder, key_of, make_settings
 from tests.api.helpers import body, chat, conv_id, user
 
 SECRET = "SECRET-CONTENT-7731"
@@ -108,7 +109,38 @@ def test_metrics_count_latency_strategies_summaries_and_errors(
     assert 'prefit_errors_total{type="NotFound"} 1.0' in text
     assert 'prefit_summaries_enqueued_total{kind="stale"} 1.0' in text
     assert "prefit_store_up 1.0" in text and "prefit_summary_queue_depth 0.0" in text
-    assert f'prefit_llm_tokens_total{{direction="input",tenant="{tenant}"}} 0.0' in text
+    assert 'prefit_llm_tokens_total{direction="input"} 0.0' in text
+    assert tenant not in text  # tenant names need the metrics token
+
+
+def test_metrics_name_tenants_only_for_the_metrics_token(
+    redis_url: str, store: Store, tenant: str, model: str
+) -> None:
+    """Without PREFIT_METRICS_TOKEN a scrape sees LLM usage summed over tenants and no tenant
+    name; with it, per-tenant series too; a wrong token is 401."""
+    other = f"{tenant}-b"
+    keys_spec = f"{tenant}:{key_of(tenant)},{other}:{key_of(other)}"
+    store.usage.add(tenant, 100, 10, 0.5)
+    store.usage.add(other, 20, 2, 0.25)
+    settings = make_settings(redis_url, model, api_keys=keys_spec, metrics_token="scrape-me")
+    with TestClient(create_app(settings, store=store, enqueue=Recorder())) as c:
+        public = c.get("/metrics")
+        assert public.status_code == 200
+        assert 'prefit_llm_tokens_total{direction="input"} 120.0' in public.text
+        assert "prefit_llm_cost_usd_total 0.75" in public.text
+        assert tenant not in public.text and "prefit_tenant_" not in public.text
+        assert c.get("/metrics", headers={"Authorization": "Bearer nope"}).status_code == 401
+        full = c.get("/metrics", headers={"Authorization": "Bearer scrape-me"})
+        assert full.status_code == 200 and "scrape-me" not in full.text
+        assert (
+            f'prefit_tenant_llm_tokens_total{{direction="input",tenant="{tenant}"}} 100.0'
+            in full.text
+        )
+        assert f'prefit_tenant_llm_cost_usd_total{{tenant="{other}"}} 0.25' in full.text
+    unset = make_settings(redis_url, model, api_keys=keys_spec)
+    with TestClient(create_app(unset, store=store, enqueue=Recorder())) as c:
+        text = c.get("/metrics", headers={"Authorization": "Bearer scrape-me"}).text
+        assert tenant not in text and 'prefit_llm_tokens_total{direction="input"} 120.0' in text
 
 
 def test_an_open_summarizer_breaker_shows_in_readyz_and_metrics_yet_ready(

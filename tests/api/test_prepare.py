@@ -203,15 +203,17 @@ def test_stateless_prepare_finds_the_tenants_summary_by_content(
     assert report["summary"]["upto"] == 19
 
 
-def test_observe_calibrates_the_shared_ratio(client: TestClient, store: Store, model: str) -> None:
-    """observe feeds the model's Redis ratio: later counts scale by it."""
+def test_observe_calibrates_the_tenants_ratio(
+    client: TestClient, store: Store, tenant: str, model: str
+) -> None:
+    """observe feeds the tenant's Redis ratio of the model: later counts scale by it."""
     msgs = chat(2)
     estimated = HeuristicCounter().count(msgs)
     r = client.post(
         "/v1/observe", json={**body(msgs, model), "actual_prompt_tokens": 2 * estimated}
     )
     assert r.status_code == 204
-    calibration = store.ratios.calibration(model)
+    calibration = store.ratios.calibration(tenant, model)
     assert calibration is not None and calibration.ratio == 2.0
     time.sleep(1.05)  # the API caches ratios for a second
     data = client.post("/v1/prepare", json=body(msgs, model)).json()
@@ -261,3 +263,25 @@ def test_a_stale_wait_that_times_out_still_answers(client: TestClient, model: st
     r = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model, "wait_ms": 100})
     report = r.json()["report"]
     assert r.status_code == 200 and report["stale"] is True and report["waited_ms"] >= 100
+
+
+def test_no_wait_and_no_job_when_only_the_recent_turns_are_left(
+    client: TestClient, store: Store, tenant: str, model: str, recorder: Recorder
+) -> None:
+    """A record reaching the protected recent turns is the best there can be: even over the
+    trigger, prepare is not stale, answers without waiting out wait_ms, and enqueues nothing."""
+    msgs = chat(12, size=4000)
+    msgs[-3:] = [{**m, "content": str(m["content"]) + "x" * 14_500} for m in msgs[-3:]]
+    cid = store_chat(client, model, msgs)
+    tail = len(msgs) - 3
+    store.records.put(
+        tenant, cid, SummaryRecord(tail, prefix_hash(msgs[:tail]), "all but the tail")
+    )
+    recorder.jobs.clear()
+    r = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model, "wait_ms": 2000})
+    assert r.status_code == 200, r.text
+    report = r.json()["report"]
+    assert report["tokens_before"] > report["trigger_tokens"]
+    assert report["summary"]["upto"] == tail and report["stale"] is False
+    assert "waited_ms" not in report
+    assert [p for _, p in recorder.jobs if p == PRIORITY_STALE] == []

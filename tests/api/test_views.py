@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api.views import context_start, tail_start
-from shared.messages import head_end
+from shared.head import head_end
 from shared.policy import ContextPolicy
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 

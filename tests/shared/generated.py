@@ -31,11 +31,29 @@ def tool_group(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
     return group
 
 
+GREETINGS = ("Hi! How can I help you today?", "Hello, this is the airline desk. What can I do?")
+
+
+@st.composite
+def opening(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """What precedes the task: nothing, an agent's greeting, or an agent that worked first."""
+    kind = draw(st.sampled_from(["none", "none", "greeting", "worked"]))
+    if kind == "greeting":
+        return [{"role": "assistant", "content": draw(st.sampled_from(GREETINGS))}]
+    if kind == "worked":
+        out: list[dict[str, Any]] = []
+        for n in range(draw(st.integers(2, 4))):
+            out += draw(tool_group(n))
+        return out
+    return []
+
+
 @st.composite
 def transcripts(draw: st.DrawFn, max_groups: int = 30) -> list[dict[str, Any]]:
     msgs: list[dict[str, Any]] = []
     if draw(st.booleans()):
         msgs.append({"role": "system", "content": draw(sized)})
+    msgs += draw(opening())
     msgs.append({"role": "user", "content": draw(sized)})
     for n in range(draw(st.integers(0, max_groups))):
         kind = draw(st.sampled_from(["user", "assistant", "tools", "tools"]))
@@ -58,3 +76,15 @@ def transcripts(draw: st.DrawFn, max_groups: int = 30) -> list[dict[str, Any]]:
             }
         )
     return msgs
+
+
+def tool_call(
+    call_id: str, name: str, arguments: str, output: str, content: str | None = None
+) -> list[dict[str, Any]]:
+    """An assistant message calling one tool, and the tool's result."""
+    fn = {"name": name, "arguments": arguments}
+    call = {"id": call_id, "type": "function", "function": fn}
+    return [
+        {"role": "assistant", "content": content, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": output},
+    ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared.counters import TokenCounter
+from shared.counting import TokenCounter
+from shared.errors import DoesNotFit
 from shared.messages import Message, groups, validate
 from shared.policy import ContextPolicy, Prepared
 
@@ -66,8 +67,14 @@ def check(
     validate(out)  # every tool result still answers the assistant message right before it
     where = origins(transcript, out)
     _check_pairs(transcript, out, where)
-    head, _ = policy.regions(transcript)
-    assert out[:head] == list(transcript[:head]), "head changed"
+    head = policy.head(transcript)
+    kept = set(where)
+    lost = [i for i in range(head.end) if head.protects(i) and i not in kept]
+    assert not lost, f"head messages {lost} were cut"
+    if head.task is not None:
+        assert head.task in kept and out[where.index(head.task)] == transcript[head.task], (
+            "the task (first user message) was not kept as it was"
+        )
     a, b = groups(transcript)[-1] if transcript else (0, 0)
     assert where[-(b - a) :] == list(range(a, b)) if b > a else True, "last turn group not kept"
     if counter.count(transcript, tools, model) / pressure <= policy.trigger * budget:
@@ -79,3 +86,9 @@ def _check_pairs(transcript: Sequence[Message], out: Sequence[Message], where: l
     for a, b in groups(transcript):
         present = [i in kept for i in range(a, b)]
         assert all(present) or not any(present), f"turn group [{a}, {b}) split"
+
+
+def assert_justified(e: DoesNotFit) -> None:
+    """A refusal's own figures show what was kept is over the budget (no pressure applied)."""
+    kept = e.head_tokens + e.tail_tokens + e.tools_tokens + e.other_tokens
+    assert kept > e.budget, f"refused although what was kept ({kept}) is within {e.budget}"

@@ -74,12 +74,7 @@ def test_subcommands_parse_their_options() -> None:
     assert (up.port, up.workers, up.host, up.redis_dir) == (9000, 2, None, Path("/tmp/r"))
     assert parser.parse_args(["worker", "--concurrency", "8"]).concurrency == 8
     demo = parser.parse_args(["demo", "--generate", "--window", "5000"])
-    assert (demo.generate, demo.file, demo.window, demo.url) == (
-        True,
-        None,
-        5000,
-        "http://127.0.0.1:8000",
-    )
+    assert (demo.generate, demo.file, demo.window, demo.url) == (True, None, 5000, None)
     for bad in (["demo"], ["demo", "f.json", "--generate"], ["worker", "--concurrency", "0"], []):
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args(bad)
@@ -320,3 +315,53 @@ def test_up_refuses_a_public_bind_without_api_keys(capsys: pytest.CaptureFixture
     ns = cli.build_parser().parse_args(["up", "--host", "0.0.0.0"])
     assert cli._up(ns, Settings(api_keys="")) == 2
     assert "refusing to listen on 0.0.0.0 with no PREFIT_API_KEYS" in capsys.readouterr().err
+
+
+def test_demo_talks_to_the_port_the_service_was_started_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without --url the demo uses PREFIT_HOST/PREFIT_PORT, as `prefit up` does."""
+    made: list[str] = []
+
+    def factory(url: str, key: str | None) -> PrefitClient:
+        made.append(url)
+        return PrefitClient(url, key, transport=httpx.MockTransport(FakeService()))
+
+    monkeypatch.setattr(cli, "PrefitClient", factory)
+    monkeypatch.setenv("PREFIT_PORT", "9123")
+    monkeypatch.setenv("PREFIT_HOST", "0.0.0.0")
+    cli.get_settings.cache_clear()
+    try:
+        assert cli.main(["demo", "--generate", "--turns", "2"]) == 0
+    finally:
+        cli.get_settings.cache_clear()
+    assert made == ["http://127.0.0.1:9123"]
+
+
+def test_demo_log_lines_are_human_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the demo never prints JSON log records, whatever PREFIT_LOG_JSON says."""
+    from shared.settings import Settings
+
+    settings = Settings(log_json=True)
+    demo = cli.build_parser().parse_args(["demo", "--generate"])
+    up = cli.build_parser().parse_args(["up"])
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert cli._log_json(demo, settings) is False
+    assert cli._log_json(up, settings) is True  # services keep their configured format
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    assert cli._log_json(demo, settings) is True
+
+
+def test_up_warns_when_no_model_is_configured() -> None:
+    """The banner says PREFIT_MODELS is empty, and says nothing when it is set."""
+    from shared.service import UpOptions, _banner
+    from shared.settings import ModelWindow, Settings
+
+    opts = UpOptions(host="127.0.0.1", port=8000)
+    empty, out = io.StringIO(), io.StringIO()
+    _banner(empty, opts, Settings(), "redis://127.0.0.1:1/0", None)
+    assert "warning: PREFIT_MODELS is empty" in empty.getvalue()
+    _banner(
+        out, opts, Settings(models={"m": ModelWindow(max_input_tokens=9000)}), "redis://x", None
+    )
+    assert "PREFIT_MODELS" not in out.getvalue()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,13 @@ from shared.errors import (
 )
 
 Handler = Callable[[httpx.Request], httpx.Response]
-APPENDED = {"conversation_id": "c1", "length": 3, "tokens": 42, "state": "under"}
+APPENDED = {
+    "conversation_id": "c1",
+    "length": 3,
+    "tokens": 42,
+    "effective_tokens": 30,
+    "state": "under",
+}
 PREPARED: dict[str, Any] = {
     "messages": [{"role": "user", "content": "hi"}],
     "tokens": 5,
@@ -82,7 +89,7 @@ def test_append_sends_the_contract_body_and_parses_the_result() -> None:
     with _client(rec) as c:
         msgs = [{"role": "user", "content": "hi"}]
         result = c.append("a/b c", msgs, model="m", expected_length=2, max_input_tokens=1000)
-    assert result == AppendResult("c1", 3, 42, "under")
+    assert result == AppendResult("c1", 3, 42, 30, "under")
     req = rec.requests[0]
     assert (req.method, req.url.raw_path) == ("POST", b"/v1/conversations/a%2Fb%20c/messages")
     assert req.headers["Authorization"] == "Bearer key-1"
@@ -128,6 +135,7 @@ def test_get_delete_prepare_messages_and_observe() -> None:
         "conversation_id": "c1",
         "length": 9,
         "tokens": 900,
+        "effective_tokens": 400,
         "model": "m",
         "summaries": [
             {
@@ -144,6 +152,7 @@ def test_get_delete_prepare_messages_and_observe() -> None:
         httpx.Response(204),
         httpx.Response(200, json=PREPARED),
         httpx.Response(204),
+        httpx.Response(204),
     )
     msgs = [{"role": "user", "content": "hi"}]
     with _client(rec) as c:
@@ -151,17 +160,26 @@ def test_get_delete_prepare_messages_and_observe() -> None:
         c.delete("c1")
         c.prepare_messages(msgs, model="m", pressure=0.5)
         c.observe(model="m", messages=msgs, actual_prompt_tokens=7)
+        c.observe(model="m", messages=msgs, actual_prompt_tokens=8, format="anthropic", system="s")
     assert got == ConversationInfo(
-        "c1", 9, 900, "m", (SummaryInfo(5, "v1:ab", 40, 1.5, "extractive"),)
+        "c1", 9, 900, 400, "m", (SummaryInfo(5, "v1:ab", 40, 1.5, "extractive"),)
     )
     assert [(r.method, r.url.path) for r in rec.requests] == [
         ("GET", "/v1/conversations/c1"),
         ("DELETE", "/v1/conversations/c1"),
         ("POST", "/v1/prepare"),
         ("POST", "/v1/observe"),
+        ("POST", "/v1/observe"),
     ]
     assert rec.body(2) == {"messages": msgs, "model": "m", "pressure": 0.5}
     assert rec.body(3) == {"model": "m", "messages": msgs, "actual_prompt_tokens": 7}
+    assert rec.body(4) == {
+        "model": "m",
+        "messages": msgs,
+        "actual_prompt_tokens": 8,
+        "format": "anthropic",
+        "system": "s",
+    }
 
 
 def test_503_is_retried_honouring_retry_after(sleeps: list[float]) -> None:
@@ -307,3 +325,42 @@ def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPatch) ->
     asyncio.run(scenario())
     assert len(waited) == 1
     assert "Authorization" not in rec.requests[0].headers
+
+
+def test_a_503_whose_outcome_is_unknown_is_not_repeated_for_a_plain_append(
+    sleeps: list[float],
+) -> None:
+    """The request deadline's 503 may still land: a plain append is not sent twice, while an
+    append stating expected_length (a repeat is refused, not applied) is retried."""
+    late = _error(503, "StoreUnavailable", "no answer within the deadline", outcome="unknown")
+    rec = Recorder(late)
+    with _client(rec) as c, pytest.raises(StoreUnavailable, match="deadline"):
+        c.append("c1", [], model="m")
+    assert len(rec.requests) == 1 and sleeps == []
+    rec = Recorder(late, httpx.Response(200, json=APPENDED))
+    with _client(rec) as c:
+        assert c.append("c1", [], model="m", expected_length=2).length == 3
+    assert len(rec.requests) == 2
+
+
+def test_the_client_exposes_every_field_the_api_returns() -> None:
+    """Each answer's schema fields are exactly the fields of the client's result type."""
+    from api import schemas
+
+    pairs: list[tuple[Any, Any]] = [
+        (schemas.ConversationState, AppendResult),
+        (schemas.ConversationInfo, ConversationInfo),
+        (schemas.SummaryInfo, SummaryInfo),
+        (schemas.PrepareResponse, PreparedPrompt),
+    ]
+    for schema, result in pairs:
+        assert set(schema.model_fields) == {f.name for f in dataclasses.fields(result)}
+
+
+def test_the_clients_are_importable_from_the_package() -> None:
+    """`from shared import PrefitClient, AsyncPrefitClient`; the package's names stay sorted."""
+    import shared
+
+    assert shared.PrefitClient is PrefitClient
+    assert shared.AsyncPrefitClient is AsyncPrefitClient
+    assert shared.__all__ == sorted(shared.__all__)

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from shared.errors import ConfigError
 from shared.extractive import EMPTY, ExtractiveSummarizer
-from shared.messages import Message, head_end
+from shared.head import head_end
+from shared.messages import Message
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 
 

@@ -424,7 +424,8 @@ def _user(draw: st.DrawFn, answerable: list[str]) -> dict[str, Any]:
     if not answerable and draw(st.booleans()):
         return {"role": "user", "content": draw(st.text(max_size=20))}
     results = []
-    for i in draw(st.lists(st.sampled_from(answerable), max_size=3)) if answerable else []:
+    # providers require every tool_use answered by the next user turn, each exactly once
+    for i in draw(st.permutations(answerable)):
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": i}
         content = draw(
             st.none() | st.text(max_size=20) | st.lists(_text_block | _image, max_size=2)
@@ -442,14 +443,15 @@ def _user(draw: st.DrawFn, answerable: list[str]) -> dict[str, Any]:
 def _conversation(draw: st.DrawFn) -> tuple[Any, list[dict[str, Any]]]:
     system = draw(st.none() | st.text(max_size=10) | st.lists(_text_block, max_size=2))
     msgs: list[dict[str, Any]] = []
-    for _ in range(draw(st.integers(0, 8))):
+    for _ in range(draw(st.integers(1, 8))):
         last = msgs[-1] if msgs else None
         answerable = [
             b["id"]
             for b in (last["content"] if last and last["role"] == "assistant" else [])
             if isinstance(b, dict) and b["type"] == "tool_use"
         ]
-        msgs.append(draw(_assistant() if draw(st.booleans()) else _user(answerable)))
+        assistant = not answerable and draw(st.booleans())
+        msgs.append(draw(_assistant() if assistant else _user(answerable)))
     return system, msgs
 
 

@@ -24,15 +24,17 @@ def _tenant_keys(tenant: str, conv: str) -> list[str]:
         keys.record_refs(tenant, H),
         keys.usage(tenant),
         keys.dead_letters(tenant),
+        keys.ratio(tenant, "gpt-4o"),
+        keys.ratio(tenant, "x:y*{z}"),
     ]
 
 
 def test_keys_are_versioned_and_carry_the_tenant_hash_tag() -> None:
-    """Every tenant key starts with prefit:v1:{tenant}: and all are distinct."""
+    """Every tenant key starts with prefit:v2:{tenant}: and all are distinct."""
     found = _tenant_keys("acme", "c1")
-    assert all(k.startswith("prefit:v1:{acme}:") for k in found)
+    assert all(k.startswith("prefit:v2:{acme}:") for k in found)
     assert len(set(found)) == len(found)
-    assert keys.conv_messages("acme", "c1") == "prefit:v1:{acme}:conv:c1:msgs"
+    assert keys.conv_messages("acme", "c1") == "prefit:v2:{acme}:conv:c1:msgs"
 
 
 def test_a_tenants_keys_share_one_cluster_slot() -> None:
@@ -72,11 +74,14 @@ def test_bad_prefix_hashes_are_refused(value: str) -> None:
         keys.record("t", value)
 
 
-def test_ratio_keys_are_global_per_model() -> None:
-    """Calibration keys sit under the global namespace; no model has its own default key."""
-    assert keys.ratio("gpt-4o") == "prefit:v1:global:ratio:gpt-4o"
-    assert keys.ratio(None) == keys.ratio("") != keys.ratio("gpt-4o")
+def test_ratio_keys_are_per_tenant_and_model() -> None:
+    """A tenant's ratio of a model is its own key; plain names stay readable, others digest."""
+    assert keys.ratio("acme", "gpt-4o") == "prefit:v2:{acme}:ratio:gpt-4o"
+    assert keys.ratio("acme", "openai/gpt-4o") == "prefit:v2:{acme}:ratio:openai/gpt-4o"
+    assert keys.ratio("acme", None) == keys.ratio("acme", "") == "prefit:v2:{acme}:ratio:~"
+    assert keys.ratio("acme", "gpt-4o") != keys.ratio("other", "gpt-4o")
+    odd = keys.ratio("acme", "x:y*{z}")
+    assert odd.count("{") == 1 and odd.count("}") == 1 and odd.count(":") == 4
+    assert keys.ratio("acme", "m" * 129) != keys.ratio("acme", "m" * 128)
     with pytest.raises(ConfigError):
-        keys.ratio("gpt 4o")
-    with pytest.raises(ConfigError):
-        keys.ratio("m" * 300)
+        keys.ratio("acme", 3)  # type: ignore[arg-type]

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from shared.errors import InvalidTranscript
-from shared.messages import groups, head_end, validate
+from shared.head import head_end
+from shared.messages import groups, validate
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 
 
@@ -29,7 +30,7 @@ def test_groups_keep_calls_with_their_results() -> None:
 
 
 def test_head_is_system_messages_plus_first_user() -> None:
-    """The head covers leading system/developer messages and the task."""
+    """The head covers leading system/developer messages and the task (shared/head.py)."""
     msgs = [
         {"role": "system", "content": "s"},
         {"role": "developer", "content": "d"},
@@ -38,6 +39,7 @@ def test_head_is_system_messages_plus_first_user() -> None:
     assert head_end(msgs) == 3
     assert head_end(msgs, keep_first_user=False) == 2
     assert head_end([{"role": "assistant", "content": "x"}]) == 0
+    assert head_end([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "u"}]) == 2
 
 
 def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
@@ -89,6 +91,47 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
             "needs a non-empty string 'id'",
         ),
         ([{"role": "user", "content": [{"type": "text"}]}], 0, "needs a string 'text'"),
+        (
+            [
+                {"role": "assistant", "content": None, "tool_calls": [call("1"), call("2")]},
+                {"role": "tool", "tool_call_id": "1", "content": "x"},
+                {"role": "user", "content": "and?"},
+            ],
+            2,
+            "tool call(s) '2' were never answered",
+        ),
+        (
+            [
+                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                {"role": "assistant", "content": None, "tool_calls": [call("2")]},
+            ],
+            1,
+            "'1' were never answered",
+        ),
+        (
+            [
+                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                {"role": "tool", "tool_call_id": "1", "content": "x"},
+                {"role": "tool", "tool_call_id": "1", "content": "again"},
+            ],
+            2,
+            "was already answered",
+        ),
+        (
+            [{"role": "assistant", "content": None, "tool_calls": [call("1"), call("1")]}],
+            0,
+            "appears twice in one message",
+        ),
+        (
+            [
+                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                {"role": "tool", "tool_call_id": "1", "content": "x"},
+                {"role": "user", "content": "ok"},
+                {"role": "tool", "tool_call_id": "1", "content": "late"},
+            ],
+            3,
+            "tool result does not follow",
+        ),
         (["hello"], 0, "message must be an object, got str"),
     ],
 )
@@ -100,6 +143,29 @@ def test_invalid_transcripts_name_index_and_reason(
         validate(msgs)
     assert err.value.index == index
     assert reason in str(err.value)
+
+
+def test_empty_transcript_is_refused() -> None:
+    """Nothing to send is not a transcript a provider accepts."""
+    with pytest.raises(InvalidTranscript, match="empty"):
+        validate([])
+
+
+def test_shapes_providers_accept_stay_valid() -> None:
+    """Calls in flight at the end (all or some answered), the same role twice, null content."""
+    pending = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")]},
+        {"role": "tool", "tool_call_id": "b", "content": "b first"},
+    ]
+    assert validate(pending) == pending
+    twice = [
+        {"role": "user", "content": "a"},
+        {"role": "user", "content": "b"},
+        {"role": "assistant", "content": "c"},
+        {"role": "assistant", "content": "d"},
+    ]
+    assert validate(twice) == twice
 
 
 def test_transcript_must_be_a_list() -> None:

@@ -230,8 +230,11 @@ def test_bad_inputs_raise_typed_errors() -> None:
     with pytest.raises(ConfigError):
         ContextPolicy(4000, reserve_output=4096)
     windows = {"gpt": 8000}
+    hello = [{"role": "user", "content": "hello"}]
     with pytest.raises(UnknownModel, match="'other'"):
-        run(ContextPolicy(lambda m: windows[m or ""]).prepare([], model="other"))
+        run(ContextPolicy(lambda m: windows[m or ""]).prepare(hello, model="other"))
+    with pytest.raises(InvalidTranscript, match="empty"):
+        run(policy.prepare([]))
 
 
 def test_keep_first_user_can_be_turned_off() -> None:
@@ -338,3 +341,55 @@ def test_a_record_is_used_only_for_its_own_prefix(
     assert used == (out.report["summary"] is not None)
     if not matches:
         assert not used
+
+
+def _plain(turns: int, size: int, tail: list[int]) -> list[Message]:
+    msgs: list[Message] = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "task"},
+    ]
+    for i in range(turns):
+        role = "assistant" if i % 2 == 0 else "user"
+        msgs.append({"role": role, "content": f"turn {i} " + "t" * size})
+    for i, chars in enumerate(tail):
+        role = "assistant" if (turns + i) % 2 == 0 else "user"
+        msgs.append({"role": role, "content": f"recent {i} " + "r" * chars})
+    return msgs
+
+
+def test_not_stale_when_only_the_recent_turns_are_left() -> None:
+    """A record reaching the protected recent turns is the best possible: over the trigger,
+    yet nothing newer can be made, so the report is not stale and nothing is planned."""
+    policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1_000)
+    msgs = _plain(20, 400, [12_000, 12_000, 12_000])
+    tail = policy.regions(msgs)[1]
+    book = SummaryBook([SummaryRecord(tail, prefix_hashes(msgs)[tail], "all before the tail")])
+    out = run(policy.prepare(msgs, book=book))
+    assert out.report["tokens_before"] > out.report["trigger_tokens"]
+    assert out.report["summary"]["upto"] == tail
+    assert out.report["stale"] is False
+    assert policy.plan_summary(msgs, book=book) is None and not policy.summary_due(msgs, book=book)
+
+
+def test_not_stale_when_the_rest_already_fits_in_what_a_summary_keeps() -> None:
+    """A large head and a small rest: a summary would keep all of it, so none is due."""
+    policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1_000)
+    msgs = _plain(6, 200, [300, 300, 300])
+    msgs[0] = {"role": "system", "content": "rules " + "s" * 31_000}
+    out = run(policy.prepare(msgs, book=SummaryBook()))
+    assert out.report["tokens_before"] > out.report["trigger_tokens"]
+    assert out.report["stale"] is False
+    assert policy.plan_summary(msgs, book=SummaryBook()) is None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(transcripts(max_groups=30), st.integers(1_500, 20_000))
+def test_stale_only_when_a_record_is_due(msgs: list[Message], window: int) -> None:
+    """Whenever prepare says stale, planning has a record for the workers to write."""
+    policy = ContextPolicy(window + 1_000, counter=COUNTER, reserve_output=1_000)
+    try:
+        out = run(policy.prepare(msgs, book=SummaryBook()))
+    except DoesNotFit:
+        return
+    if out.report["stale"]:
+        assert policy.plan_summary(msgs, book=SummaryBook()) is not None

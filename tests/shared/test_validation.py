@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.errors import InvalidTranscript
 from shared.messages import validate
@@ -28,6 +29,28 @@ def test_same_verdict_as_a_full_check_at_every_length(msgs: list[dict[str, Any]]
     memo = ValidatedPrefixes()
     for n in range(1, len(msgs) + 1):
         assert memo.validate(msgs[:n]) == validate(msgs[:n])
+
+
+@settings(max_examples=80, deadline=None)
+@given(transcripts(max_groups=12), st.integers(0, 10_000), st.sampled_from(["drop", "twice"]))
+def test_same_verdict_on_broken_pairings(msgs: list[dict[str, Any]], seed: int, how: str) -> None:
+    """A tool result removed or repeated: the memo refuses exactly where validate refuses."""
+    tools = [i for i, m in enumerate(msgs) if m["role"] == "tool"]
+    if not tools:
+        return
+    i = tools[seed % len(tools)]
+    broken = msgs[:i] + msgs[i + 1 :] if how == "drop" else msgs[: i + 1] + msgs[i:]
+    memo = ValidatedPrefixes()
+    for n in range(1, len(broken) + 1):
+        try:
+            expected: Any = validate(broken[:n])
+        except InvalidTranscript as exc:
+            expected = (exc.index, exc.reason)
+        try:
+            got: Any = memo.validate(broken[:n])
+        except InvalidTranscript as exc:
+            got = (exc.index, exc.reason)
+        assert got == expected
 
 
 def test_a_message_changed_in_place_is_checked_again() -> None:

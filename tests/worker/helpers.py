@@ -47,7 +47,7 @@ def worker_settings(redis_url: str, fake: FakeLLM | None, **overrides: Any) -> S
 
 
 def model_name() -> str:
-    """A conversation model no other test calibrates (ratios are global per model)."""
+    """A model name no other test uses."""
     return f"model-{uuid.uuid4().hex[:10]}"
 
 
@@ -79,7 +79,7 @@ def job_for(
 
 def policy_of(store: Store, settings: Settings, job: SummaryJob) -> ContextPolicy:
     """The policy the worker builds for `job` (same counter, same thresholds)."""
-    return policy_for(job, settings, counter_for(store, job.model))
+    return policy_for(job, settings, counter_for(store, job.tenant, job.model))
 
 
 def enqueue(app: Any, settings: Settings, job: SummaryJob, priority: int = PRIORITY_AHEAD) -> str:

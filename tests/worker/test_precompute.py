@@ -92,6 +92,17 @@ def test_not_due_under_the_threshold(
     assert store.records.list(tenant, "c1") == []
 
 
+def test_the_job_counts_with_its_own_tenants_ratio(
+    store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
+) -> None:
+    """Another tenant's calibration never makes a job due; the job's tenant's does."""
+    store.conversations.append(tenant, "c1", chat(16))  # 1,946 base tokens: under 2,625
+    store.ratios.observe(f"{tenant}-other", model, 1.5)
+    assert run_once(store, settings, job_for(store, tenant, "c1", model)).status == "not_due"
+    store.ratios.observe(tenant, model, 1.5)
+    assert run_once(store, settings, job_for(store, tenant, "c1", model)).status == "written"
+
+
 def test_busy_while_another_worker_holds_the_lease(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:

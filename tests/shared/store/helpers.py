@@ -7,12 +7,13 @@ from collections.abc import Callable
 
 import redis
 
+from shared import keys
 from shared.messages import Message
 
 
 def tenant_keys(client: redis.Redis, tenant: str) -> set[str]:
     """Every key under the tenant's namespace (SCAN, never KEYS)."""
-    return {k.decode() for k in client.scan_iter(match=f"prefit:v1:{{{tenant}}}:*", count=1000)}
+    return {k.decode() for k in client.scan_iter(match=f"{keys.ROOT}:{{{tenant}}}:*", count=1000)}
 
 
 def chat(n: int, tag: str = "m") -> list[Message]:

@@ -23,7 +23,7 @@ def test_extending_at_any_split_equals_prefix_hashes(contents: list[str], split:
     assert head + extend_chain(head[-1], msgs[split:]) == prefix_hashes(msgs)
 
 
-@pytest.mark.parametrize("last", ["v2:" + "0" * 32, "v1:abc", "v1:" + "z" * 32, "nonsense"])
+@pytest.mark.parametrize("last", ["v1:" + "0" * 32, "v2:abc", "v2:" + "z" * 32, "nonsense"])
 def test_foreign_chain_start_is_refused(last: str) -> None:
     """A stored hash of another version (or garbage) is refused rather than extended."""
     with pytest.raises(ConfigError):

@@ -15,12 +15,13 @@ from tests.shared.store.helpers import chat
 
 
 def test_claim_takes_the_lease_and_reads_under_it(store: Store, tenant: str) -> None:
-    """With the lease come the messages, hashes, metadata, book and ratio in one reply."""
+    """With the lease come the messages, hashes, metadata, book and the tenant's ratio."""
     msgs = chat(6)
     store.conversations.append(tenant, "c", msgs)
     h = prefix_hashes(msgs)
     store.records.put(tenant, "c", SummaryRecord(2, h[2], "to 2"))
-    store.ratios.update("m", 1.5, 0.3, (0.4, 3.0))
+    store.ratios.observe(tenant, "m", 1.5)
+    store.ratios.observe(f"{tenant}-other", "m", 2.5)
     claim = store.claims.claim(tenant, "c", "w1", 30, ratio_of="m")
     assert claim.held is not None and claim.holder is None
     assert store.leases.owner(tenant, "c") == "w1"
@@ -30,7 +31,7 @@ def test_claim_takes_the_lease_and_reads_under_it(store: Store, tenant: str) -> 
     assert conv.hashes == store.conversations.snapshot(tenant, "c").hashes
     assert conv.meta == store.conversations.meta(tenant, "c")
     assert claim.book is not None and [r.upto for r in claim.book.records] == [2]
-    assert claim.ratio == store.ratios.get("m")
+    assert claim.ratio == store.ratios.get(tenant, "m") == 1.5
     claim.held.close()
     assert store.leases.owner(tenant, "c") is None
 

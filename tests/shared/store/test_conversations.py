@@ -64,7 +64,7 @@ def test_stored_chain_equals_prefix_hashes(store: Store, tenant: str) -> None:
 
 def test_expected_length_mismatch_changes_nothing(store: Store, tenant: str) -> None:
     """A stale expected_length is refused with both lengths, leaving every key as it was."""
-    store.conversations.append(tenant, "c", chat(3), model="m1", tokens=30)
+    store.conversations.append(tenant, "c", chat(3), model="m1")
     before = {k: store.client.dump(k) for k in tenant_keys(store.client, tenant)}
     with pytest.raises(LengthMismatch) as err:
         store.conversations.append(tenant, "c", chat(2, "new"), expected_length=2, model="m2")
@@ -163,18 +163,17 @@ def test_replace_rewrites_messages_and_chain(store: Store, tenant: str) -> None:
     assert store.conversations.read(tenant, "c") == new
 
 
-def test_token_count_cached_only_for_current_length(store: Store, tenant: str) -> None:
-    """A cached token count is current until the next append, and set_tokens refuses stale ones."""
-    store.conversations.append(tenant, "c", chat(2), model="gpt-x", tokens=20)
+def test_metadata_keeps_model_and_times_and_an_unchecked_append_binds_the_tip(
+    store: Store, tenant: str
+) -> None:
+    """The model sticks until another is given; the store's own append marks the tip bound."""
+    store.conversations.append(tenant, "c", chat(2), model="gpt-x")
     meta = store.conversations.meta(tenant, "c")
-    assert (meta.model, meta.tokens, meta.tokens_upto) == ("gpt-x", 20, 2)
-    assert meta.tokens_current
+    assert (meta.model, meta.length, meta.bound) == ("gpt-x", 2, True)
     store.conversations.append(tenant, "c", chat(1, "z"))
-    assert not store.conversations.meta(tenant, "c").tokens_current
-    assert not store.conversations.set_tokens(tenant, "c", 25, upto=2)
-    assert store.conversations.set_tokens(tenant, "c", 31, upto=3)
-    meta = store.conversations.meta(tenant, "c")
-    assert (meta.tokens, meta.tokens_current) == (31, True)
+    later = store.conversations.meta(tenant, "c")
+    assert later.model == "gpt-x" and later.updated_at >= meta.updated_at
+    assert later.created_at == meta.created_at
 
 
 def test_delete_removes_every_key(store: Store, tenant: str) -> None:

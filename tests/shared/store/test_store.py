@@ -15,13 +15,13 @@ from shared.store import Store
 from shared.summaries import SummaryRecord
 from tests.shared.store.helpers import chat
 
-H = "v1:" + "0" * 32
+H = "v2:" + "0" * 32
 CALLS: dict[str, Callable[[Store, str], Any]] = {
     "append": lambda s, t: s.conversations.append(t, "c", chat(1)),
     "read": lambda s, t: s.conversations.read(t, "c"),
     "put": lambda s, t: s.records.put(t, "c", SummaryRecord(1, H, "x")),
     "best": lambda s, t: s.records.best(t, "c"),
-    "ratio": lambda s, t: s.ratios.update("m", 1.0, 0.3, (0.4, 3.0)),
+    "ratio": lambda s, t: s.ratios.observe(t, "m", 1.0),
     "usage": lambda s, t: s.usage.add(t, 1, 1, 0.0),
     "dead_letters": lambda s, t: s.dead_letters.list(t),
     "lease": lambda s, t: s.leases.acquire(t, "c", "w", 10),

@@ -1,0 +1,61 @@
+"""What differs between the two provider protocols, as one `Dialect` protocol.
+
+prefit works on OpenAI-format messages; a dialect turns a request body into those and back,
+says how the upstream is authenticated, where the provider's prompt count is, what an
+overflow looks like, and how prefit's own errors are shaped so the SDK raises its usual
+exception types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from api.proxy.overflow import Overflow
+from api.proxy.streaming import Tap
+from shared.messages import Message, ToolSpec
+
+
+class Dialect(Protocol):
+    """One provider protocol (api/proxy/openai.py, api/proxy/anthropic.py)."""
+
+    name: str  # the upstream's name
+    forwarded: tuple[str, ...]  # client headers passed on as they are
+
+    def transcript(self, body: Mapping[str, Any]) -> tuple[list[Message], list[ToolSpec]]:
+        """The request's messages in OpenAI format, validated, and its tool specs as sent
+        (for counting); `InvalidTranscript` if the messages cannot be read."""
+        ...
+
+    def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
+        """`body` with its messages (and system) replaced by `messages`; the rest as it was."""
+        ...
+
+    def auth(self, key: str) -> dict[str, str]:
+        """The header that authenticates the deployment's `key` upstream."""
+        ...
+
+    def defaults(self) -> dict[str, str]:
+        """Headers every upstream request carries unless the client gave them."""
+        ...
+
+    def streamed(self, body: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        """For a streamed request: the body to send instead (None: as it is), and whether
+        the tap must drop what prefit added."""
+        ...
+
+    def tap(self, strip: bool) -> Tap:
+        """A tap for one streamed answer."""
+        ...
+
+    def prompt_tokens(self, answer: Any) -> int | None:
+        """The provider's own prompt count in a (non-streamed) answer."""
+        ...
+
+    def overflow(self, status: int, answer: Any) -> Overflow | None:
+        """The context-length error in an error answer, with its figures; None otherwise."""
+        ...
+
+    def error(self, status: int, message: str) -> dict[str, Any]:
+        """An error body of this protocol, for prefit's own errors on its routes."""
+        ...

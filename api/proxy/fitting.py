@@ -1,0 +1,161 @@
+"""One proxied request's fit: the stored prepare of its transcript, at any pressure.
+
+Under the trigger the transcript goes as it is without the store being read. Over it, the
+transcript is opened against the store once (api/proxy/transcripts.py) and fitted by
+`Preparer.fit`, the stored prepare itself: the best cached summary record and the cheap
+strategies, never an LLM call, never a wait. A retry after an overflow fits the same
+transcript again at a lower pressure. Without Redis the request is still fitted, from the
+cheap strategies and the last calibration ratio seen (`degraded`). After the answer,
+`settle` syncs the store to the transcript and sends the summary jobs claimed on the way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from api.deps import Services
+from api.enqueue import Claim
+from api.logging import RequestLog
+from api.policies import Window, make_policy
+from api.prepare import Preparer
+from api.proxy.transcripts import Opened, open_conversation, sync
+from shared.errors import PrefitError, StoreUnavailable
+from shared.logs import get_logger
+from shared.messages import Message, ToolSpec
+from shared.reports import new_report
+from shared.strategies.work import SizeMemo, measure
+
+log = get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The messages to send, prepare's report on them, and the calibration ratio it used."""
+
+    messages: list[Message]
+    report: dict[str, Any]
+    ratio: float = 1.0
+
+    @property
+    def estimated(self) -> int:
+        """The uncalibrated estimate of the prompt (what calibration compares with the
+        provider's count), from the report: within a token or two of counting it again."""
+        after, pressure = float(self.report["tokens_after"]), float(self.report["pressure"])
+        return round(after * pressure / self.ratio)
+
+
+@dataclass
+class Fitter:
+    """Fits one request's transcript (`first`, then `at` a lower pressure after an overflow),
+    and syncs the store to it after the answer (`settle`)."""
+
+    svc: Services
+    tenant: str
+    conv_id: str
+    messages: list[Message]
+    tools: list[ToolSpec]
+    window: Window
+    rec: RequestLog
+    opened: Opened | None = None  # what the store holds, once read
+    degraded: bool = False  # Redis was unreachable: cheap strategies only
+    claims: list[Claim] = field(default_factory=list)  # summary jobs to send after the sync
+
+    async def first(self) -> Fit:
+        """The fit at pressure 1.
+
+        Under the trigger the stored prepare sends the transcript as it is, whatever the
+        store holds, so then the store is not read on the request's path at all: the
+        transcript is measured as prepare measures it, and synced after the answer.
+        """
+        try:
+            counter = await Preparer(self.svc).counter_for(self.tenant, self.window.model)
+        except StoreUnavailable:
+            self._degrade()
+            return await self._cheap(1.0)
+        policy = make_policy(self.svc.settings, self.window, counter)
+        limits = policy.limits(self.window.model)
+        tokens = measure(counter, self.messages, self.tools, self.window.model, SizeMemo())
+        if tokens <= policy.trigger * limits.budget:
+            report = new_report(limits, policy.trigger, tokens, 1.0, policy.head(self.messages))
+            report["degraded"] = False
+            return Fit(self.messages, report, counter.ratio)
+        return await self.at(1.0)
+
+    async def open(self) -> None:
+        """Read what the store holds of the conversation (nothing, without Redis)."""
+        try:
+            self.opened = await open_conversation(
+                self.svc, self.tenant, self.conv_id, self.messages, self.window
+            )
+        except StoreUnavailable:
+            self._degrade()
+
+    async def at(self, pressure: float) -> Fit:
+        """The fit at `pressure` (`DoesNotFit` when even the head and recent turns exceed)."""
+        if self.opened is None and not self.degraded:
+            await self.open()
+        if self.opened is not None:
+            try:
+                ratio = (await Preparer(self.svc).counter_for(self.tenant, self.window.model)).ratio
+                fitted = await Preparer(self.svc).fit(
+                    self.tenant,
+                    self.conv_id,
+                    self.opened.loaded,
+                    self.opened.best,
+                    self.tools,
+                    self.window,
+                    pressure=pressure,
+                    wait_ms=0,
+                    rec=self.rec,
+                )
+            except StoreUnavailable:
+                self._degrade()
+            else:
+                if fitted.claim is not None:
+                    self.claims.append(fitted.claim)
+                return Fit(fitted.prepared.messages, fitted.report, ratio)
+        return await self._cheap(pressure)
+
+    def settle(self) -> None:
+        """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""
+        hashes = self.opened.loaded.hashes if self.opened is not None else None
+        try:
+            sizes = sync(
+                self.svc,
+                self.tenant,
+                self.conv_id,
+                self.messages,
+                window=self.window,
+                tools=self.tools,
+                hashes=hashes,
+            )
+        except PrefitError as exc:  # the answer stands; the next request syncs again
+            log.warning(
+                "proxy.sync_failed",
+                tenant=self.tenant,
+                conversation_id=self.conv_id,
+                error=type(exc).__name__,
+            )
+            return
+        if sizes.claim is not None:
+            self.claims.append(sizes.claim)
+        for claim in self.claims:
+            self.svc.trigger.send(claim)
+
+    def _degrade(self) -> None:
+        self.opened = None
+        self.degraded = True
+        self.rec.degraded = True
+        log.warning("proxy.degraded", tenant=self.tenant, conversation_id=self.conv_id)
+
+    async def _cheap(self, pressure: float) -> Fit:
+        """The fit without Redis: cheap strategies, the last ratio seen for the model."""
+        counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
+        policy = make_policy(self.svc.settings, self.window, counter)
+        prepared = await policy.prepare(
+            self.messages, tools=self.tools, model=self.window.model, pressure=pressure
+        )
+        report = dict(prepared.report or {})
+        report["degraded"] = True
+        return Fit(prepared.messages, report, counter.ratio)

@@ -1,0 +1,101 @@
+"""The OpenAI Chat Completions dialect (`POST /v1/chat/completions`).
+
+The body's `messages` are already in prefit's format. A streamed request that did not ask
+for usage gets `stream_options.include_usage` upstream, so the prompt count can be
+observed, and the usage chunk that this adds (the one with no choices) is dropped before it
+reaches the client. The other chunks then carry `"usage": null`, which clients accept.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from api.proxy.overflow import Overflow, openai_figures
+from api.proxy.streaming import Tap, data_of
+from api.proxy.upstream import OPENAI
+from shared.errors import InvalidTranscript
+from shared.messages import Message, ToolSpec, validate
+
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+_CONTEXT = re.compile(r"maximum context length|context[_ ]length|exceeds? the context", re.I)
+_ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large"}
+
+
+def _error_fields(answer: Any) -> tuple[str, str]:
+    """(code, message) of an OpenAI error body, empty strings where absent."""
+    err = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(err, dict):
+        return "", ""
+    code, message = err.get("code"), err.get("message")
+    return (code if isinstance(code, str) else ""), (message if isinstance(message, str) else "")
+
+
+class UsageTap:
+    """Reads `usage.prompt_tokens` from the usage chunk; drops it when prefit asked for it."""
+
+    def __init__(self, strip: bool) -> None:
+        self.strip = strip
+        self.prompt_tokens: int | None = None
+
+    def keep(self, event: bytes) -> bool:
+        if _USAGE.search(event) is None:
+            return True
+        data = data_of(event)
+        if not isinstance(data, dict):
+            return True
+        usage = data.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            self.prompt_tokens = usage["prompt_tokens"]
+        return not (self.strip and data.get("choices") == [])
+
+
+class OpenAIDialect:
+    """OpenAI Chat Completions."""
+
+    name = OPENAI
+    forwarded: tuple[str, ...] = ()
+
+    def transcript(self, body: Mapping[str, Any]) -> tuple[list[Message], list[ToolSpec]]:
+        messages = body.get("messages")
+        if not isinstance(messages, list):
+            raise InvalidTranscript("'messages' must be a list")
+        tools = body.get("tools")
+        return validate(messages), list(tools) if isinstance(tools, list) else []
+
+    def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
+        return {**body, "messages": messages}
+
+    def auth(self, key: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {key}"}
+
+    def defaults(self) -> dict[str, str]:
+        return {}
+
+    def streamed(self, body: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        options = body.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage") is True:
+            return None, False
+        extra = options if isinstance(options, dict) else {}
+        return {**body, "stream_options": {**extra, "include_usage": True}}, True
+
+    def tap(self, strip: bool) -> Tap:
+        return UsageTap(strip)
+
+    def prompt_tokens(self, answer: Any) -> int | None:
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        found = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return found if isinstance(found, int) else None
+
+    def overflow(self, status: int, answer: Any) -> Overflow | None:
+        if status not in (400, 413):
+            return None
+        code, message = _error_fields(answer)
+        if code != "context_length_exceeded" and not _CONTEXT.search(message):
+            return None
+        return openai_figures(message)
+
+    def error(self, status: int, message: str) -> dict[str, Any]:
+        kind = "invalid_request_error" if status < 500 else "api_error"
+        return {"error": {"message": message, "type": kind, "code": _ERROR_CODES.get(status)}}

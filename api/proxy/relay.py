@@ -1,0 +1,280 @@
+"""One proxied request, from the client's body to the answer the client gets.
+
+The request is fitted (unless the model has no configured window, or its transcript cannot
+be read or cannot fit: then it goes upstream unchanged and `x-prefit-fit` says why), sent
+with only its messages replaced, and answered with the provider's own status, headers and
+body, plus the `x-prefit-*` headers. A context-length error is retried at a lower pressure
+at most `MAX_RETRIES` times, so the client sees only the answer that succeeded; every other
+answer (4xx, 5xx, 429 with its `Retry-After`) goes back as it came. After the answer the
+store is synced to the transcript and the provider's prompt count is fed to calibration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import BackgroundTasks, Response
+from fastapi.responses import StreamingResponse
+
+from api.deps import Services
+from api.logging import RequestLog
+from api.policies import resolve_window
+from api.prepare import Preparer
+from api.proxy.caller import Caller
+from api.proxy.codec import dumps, loads
+from api.proxy.dialect import Dialect
+from api.proxy.fitting import Fit, Fitter
+from api.proxy.headers import passed_back, prefit_headers
+from api.proxy.identity import conversation_id
+from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
+from api.proxy.streaming import Tap, passthrough
+from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+
+def _raw(fit: Fit) -> int:
+    """The fitted prompt's estimate at pressure 1."""
+    return round(float(fit.report["tokens_after"]) * float(fit.report["pressure"]))
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return loads(content)
+    except ValueError:
+        return None
+
+
+@dataclass
+class Relay:
+    """Forwards one request; `run` returns the response for the client."""
+
+    svc: Services
+    dialect: Dialect
+    caller: Caller
+    body: dict[str, Any]
+    raw: bytes  # the body as the client sent it
+    headers: Mapping[str, str]
+    rec: RequestLog
+    background: BackgroundTasks = field(default_factory=BackgroundTasks)
+    fitter: Fitter | None = None
+    conv_id: str | None = None
+    label: str = ""  # x-prefit-fit
+    retries: int = 0
+
+    def __post_init__(self) -> None:
+        self.model = str(self.body.get("model"))
+        self.stream = self.body.get("stream") is True
+        # a streamed request's body as sent when fitted, and whether to drop what that adds
+        self.streamed, self.strip = (
+            self.dialect.streamed(self.body) if self.stream else (None, False)
+        )
+
+    async def run(self) -> Response:
+        fit = await self._first_fit()
+        while True:
+            body = self._body(fit)
+            started = time.perf_counter()
+            try:
+                upstream = await self.svc.transport.send(
+                    self.dialect.name, self._upstream_headers(), body
+                )
+            except httpx.TransportError as exc:
+                return self._unreachable(exc, fit)
+            finally:
+                waited = (time.perf_counter() - started) * 1000
+                self.rec.upstream_ms = round((self.rec.upstream_ms or 0.0) + waited, 3)
+            self.rec.upstream_status = upstream.status_code
+            if self.stream and upstream.status_code < 300:
+                return self._streamed(upstream, fit)
+            content = await upstream.aread()
+            await upstream.aclose()
+            answer = _json(content)
+            overflow = self.dialect.overflow(upstream.status_code, answer)
+            if overflow is not None and fit is not None:
+                retried = await self._retry(fit, overflow)
+                if retried is not None:
+                    fit = retried
+                    continue
+            return self._answered(upstream, content, answer, fit)
+
+    # --- the fit -------------------------------------------------------------------------
+    async def _first_fit(self) -> Fit | None:
+        """The fit at pressure 1, or None (with `label` saying why) to forward unchanged."""
+        try:
+            window = resolve_window(self.svc.settings, self.model, None)
+        except UnknownModel:
+            return self._skip("unknown model")
+        except ConfigError:  # a configured window not larger than its reserve
+            return self._skip("no usable window")
+        try:
+            messages, tools = self.dialect.transcript(self.body)
+        except InvalidTranscript as exc:
+            where = f" at message {exc.index}" if exc.index is not None else ""
+            return self._skip(f"invalid transcript{where}")
+        self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        self.rec.conversation_id = self.conv_id
+        self.rec.length = len(messages)
+        if len(messages) > self.svc.settings.max_messages:
+            return self._skip("too many messages")
+        self.fitter = Fitter(
+            self.svc, self.caller.tenant, self.conv_id, messages, tools, window, self.rec
+        )
+        try:
+            return self._fitted(await self.fitter.first())
+        except DoesNotFit:
+            return self._skip("does not fit")
+
+    def _skip(self, reason: str) -> Fit | None:
+        self.label = f"skipped ({reason})"
+        log.info("proxy.fit_skipped", reason=reason, tenant=self.caller.tenant)
+        return None
+
+    def _fitted(self, fit: Fit) -> Fit:
+        self.label = "applied" if fit.report.get("changed") else "unchanged"
+        self.rec.tokens_before = fit.report.get("tokens_before")
+        self.rec.tokens_after = fit.report.get("tokens_after")
+        return fit
+
+    async def _retry(self, fit: Fit, overflow: Overflow) -> Fit | None:
+        """The fit for the retry after an overflow, or None when no retry is left or fits."""
+        if self.fitter is None or self.retries >= MAX_RETRIES:
+            return None
+        report = fit.report
+        if overflow.prompt_tokens:  # the error's own count of what was sent: calibrate on it
+            self._observe(fit, overflow.prompt_tokens)
+        pressure = next_pressure(
+            float(report["pressure"]),
+            overflow,
+            estimated=_raw(fit),
+            budget=int(report["budget"]),
+            reserve=self.fitter.window.reserve_output,
+        )
+        self.retries += 1
+        self.rec.retries = self.retries
+        log.info(
+            "proxy.overflow_retried",
+            tenant=self.caller.tenant,
+            conversation_id=self.conv_id,
+            retry=self.retries,
+            pressure=round(pressure, 4),
+            provider_tokens=overflow.prompt_tokens,
+            provider_limit=overflow.limit,
+        )
+        try:
+            return self._fitted(await self._smaller(fit, pressure))
+        except DoesNotFit:
+            return None
+
+    async def _smaller(self, last: Fit, pressure: float) -> Fit:
+        """The fit at `pressure`, or lower until it is smaller than `last` (the target's
+        slack can make a lower pressure cut nothing more; resending it would be futile)."""
+        assert self.fitter is not None
+        sent = _raw(last)
+        while True:
+            fit = await self.fitter.at(pressure)
+            if _raw(fit) < sent or pressure <= FLOOR:
+                return fit
+            pressure = max(FLOOR, pressure * STEP)
+
+    # --- the upstream request ------------------------------------------------------------
+    def _body(self, fit: Fit | None) -> bytes:
+        """What goes upstream: the client's bytes unless the messages or stream options change."""
+        if fit is None:
+            return self.raw  # skipped: forwarded exactly as it came
+        if not fit.report.get("changed"):
+            return self.raw if self.streamed is None else dumps(self.streamed)
+        base = self.streamed if self.streamed is not None else self.body
+        return dumps(self.dialect.with_messages(base, fit.messages))
+
+    def _upstream_headers(self) -> dict[str, str]:
+        out = {"content-type": "application/json", **self.dialect.defaults()}
+        out.update({h: self.headers[h] for h in self.dialect.forwarded if h in self.headers})
+        key = self.svc.transport.upstreams[self.dialect.name].key
+        if self.caller.provider_auth:
+            out.update(self.caller.provider_auth)
+        elif key:
+            out.update(self.dialect.auth(key))
+        return out
+
+    # --- the answer ----------------------------------------------------------------------
+    def _answered(
+        self, upstream: httpx.Response, content: bytes, answer: Any, fit: Fit | None
+    ) -> Response:
+        if fit is not None and upstream.status_code < 300:
+            tokens = self.dialect.prompt_tokens(answer)
+            if tokens:
+                self._observe(fit, tokens)
+        self._settle()
+        return Response(
+            content,
+            status_code=upstream.status_code,
+            headers=self._answer_headers(upstream.headers, fit),
+            background=self.background,
+        )
+
+    def _streamed(self, upstream: httpx.Response, fit: Fit | None) -> Response:
+        tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
+        if fit is not None:
+            self.background.add_task(self._observe_stream, fit, tap)
+        self._settle()
+        return StreamingResponse(
+            passthrough(upstream, tap, self.rec),
+            status_code=upstream.status_code,
+            headers=self._answer_headers(upstream.headers, fit),
+            background=self.background,
+        )
+
+    def _unreachable(self, exc: httpx.TransportError, fit: Fit | None) -> Response:
+        timeout = isinstance(exc, httpx.TimeoutException)
+        status = 504 if timeout else 502
+        self.rec.error = "UpstreamTimeout" if timeout else "UpstreamUnreachable"
+        log.warning("proxy.upstream_failed", upstream=self.dialect.name, error=type(exc).__name__)
+        self._settle()
+        message = f"{self.dialect.name} upstream {'timed out' if timeout else 'unreachable'}"
+        return Response(
+            dumps(self.dialect.error(status, message)),
+            status_code=status,
+            headers={**self._prefit_headers(fit), "content-type": "application/json"},
+            background=self.background,
+        )
+
+    def _answer_headers(self, upstream: httpx.Headers, fit: Fit | None) -> dict[str, str]:
+        return {**passed_back(upstream), **self._prefit_headers(fit)}
+
+    def _prefit_headers(self, fit: Fit | None) -> dict[str, str]:
+        self.rec.fit = self.label
+        report = fit.report if fit is not None else None
+        return prefit_headers(self.label, self.retries, self.conv_id, report)
+
+    # --- after the answer ----------------------------------------------------------------
+    def _settle(self) -> None:
+        if self.fitter is not None:
+            self.background.add_task(self.fitter.settle)  # sync: Starlette runs it in a thread
+
+    def _observe(self, fit: Fit, tokens: int) -> None:
+        self.background.add_task(self._calibrate, fit, tokens)
+
+    async def _observe_stream(self, fit: Fit, tap: Tap) -> None:
+        if tap.prompt_tokens:
+            await self._calibrate(fit, tap.prompt_tokens)
+
+    async def _calibrate(self, fit: Fit, tokens: int) -> None:
+        if self.fitter is None:
+            return
+        try:
+            await Preparer(self.svc).calibrate(
+                self.caller.tenant,
+                self.model,
+                fit.messages,
+                self.fitter.tools,
+                tokens,
+                estimated=fit.estimated,
+            )
+        except PrefitError as exc:  # the answer is out; a lost observation only slows learning
+            log.warning("proxy.observe_failed", tenant=self.caller.tenant, error=type(exc).__name__)

@@ -1,0 +1,73 @@
+"""The proxy's two routes: `POST /v1/chat/completions` and `POST /v1/messages`.
+
+Both take the provider's own request body and answer the provider's own response, so they
+stay out of prefit's OpenAPI schema (docs/api.md, "Drop-in proxy", documents them). Errors
+of prefit itself (no or a wrong key, a body that is not a JSON object, a bad conversation
+header) are shaped as the provider shapes its errors, so the SDKs raise their usual types.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from api.deps import Services
+from api.errors import RETRY_AFTER_S, status_of
+from api.logging import request_log
+from api.proxy.anthropic import AnthropicDialect
+from api.proxy.caller import identify
+from api.proxy.codec import loads
+from api.proxy.dialect import Dialect
+from api.proxy.openai import OpenAIDialect
+from api.proxy.relay import Relay
+from shared.errors import InvalidRequest, PrefitError
+
+OPENAI_DIALECT = OpenAIDialect()
+ANTHROPIC_DIALECT = AnthropicDialect()
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", include_in_schema=False)
+async def chat_completions(request: Request) -> Response:
+    """OpenAI Chat Completions, with the messages fitted to the model's window."""
+    return await proxy(request, OPENAI_DIALECT)
+
+
+@router.post("/v1/messages", include_in_schema=False)
+async def messages(request: Request) -> Response:
+    """Anthropic Messages, with the system and messages fitted to the model's window."""
+    return await proxy(request, ANTHROPIC_DIALECT)
+
+
+async def proxy(request: Request, dialect: Dialect) -> Response:
+    """Authenticate, read the body, and relay it (prefit's own errors in `dialect`'s shape)."""
+    svc: Services = request.app.state.services
+    rec = request_log(request)
+    try:
+        caller = identify(request.headers, svc.keyring, svc.settings)
+        rec.tenant = caller.tenant
+        raw = await request.body()
+        relay = Relay(svc, dialect, caller, _object(raw), raw, request.headers, rec)
+        return await relay.run()
+    except PrefitError as exc:
+        rec.error = type(exc).__name__
+        status = status_of(exc)
+        status = 400 if status == 422 else status  # providers answer bad requests with 400
+        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
+        return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
+
+
+def _object(raw: bytes) -> dict[str, Any]:
+    """The request body: a JSON object naming a model."""
+    try:
+        body = loads(raw)
+    except ValueError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise InvalidRequest("'model' must be a non-empty string")
+    return body

@@ -1,0 +1,127 @@
+"""The Anthropic endpoint through the real `anthropic` SDK: fitted, streamed, authenticated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+from shared.formats import from_anthropic, to_anthropic
+from tests.api.conftest import WINDOW
+from tests.api.helpers import user
+from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
+from tests.fakeprovider import WORDS, Reply
+
+ANTHROPIC_TOOLS = [
+    {
+        "name": "bash",
+        "description": "Run a shell command",
+        "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        "cache_control": {"type": "ephemeral"},
+    }
+]
+
+
+def sdk(proxy: Proxy, **kw: Any) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=proxy.url, api_key=proxy.key, max_retries=0, **kw)
+
+
+def test_long_conversation_is_fitted_keeping_system_task_tool_pairs_and_fields(
+    proxy: Proxy,
+) -> None:
+    """The fitted prompt goes back in Anthropic form; every other field and the version and
+    beta headers as the client sent them; the deployment's x-api-key, never prefit's key."""
+    system, messages = to_anthropic(agent_session(60))
+    raw = sdk(proxy).messages.with_raw_response.create(
+        model=proxy.model,
+        max_tokens=512,
+        system=system,  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]
+        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+        metadata={"user_id": "u-1"},
+        extra_headers={"anthropic-beta": "some-beta-2025"},
+        extra_body={"temperature": 0.3, "vendor_knob": True},
+    )
+    assert raw.parse().content[0].text == "".join(WORDS)  # type: ignore[union-attr]
+    assert raw.headers["x-prefit-fit"] == "applied"
+    [got] = proxy.fake.received
+    assert got.status == 200
+    assert got.body["system"] == system
+    assert got.body["messages"][0] == {"role": "user", "content": TASK}
+    sent = from_anthropic(got.body["system"], got.body["messages"])  # pairs checked here
+    assert sent_fits(sent, ANTHROPIC_TOOLS) and len(got.body["messages"]) <= len(messages)
+    rest = {k: v for k, v in got.body.items() if k not in ("messages", "system")}
+    assert rest == {
+        "model": proxy.model,
+        "max_tokens": 512,
+        "tools": ANTHROPIC_TOOLS,
+        "temperature": 0.3,
+        "metadata": {"user_id": "u-1"},
+        "vendor_knob": True,
+    }
+    assert got.headers["x-api-key"] == "sk-upstream-anthropic"
+    assert "authorization" not in got.headers
+    assert got.headers["anthropic-beta"] == "some-beta-2025"
+    assert got.headers["anthropic-version"] == sdk(proxy).default_headers["anthropic-version"]
+
+
+def test_x_api_key_authenticates_as_older_sdks_send_it(proxy: Proxy) -> None:
+    """`x-api-key: <prefit key>` (no Authorization) is the tenant's key too."""
+    r = httpx.post(
+        f"{proxy.url}/v1/messages",
+        headers={"x-api-key": proxy.key, "anthropic-version": "2023-06-01"},
+        json={"model": proxy.model, "max_tokens": 10, "messages": [user("hi")]},
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == "".join(WORDS)
+    assert proxy.fake.received[0].headers["anthropic-version"] == "2023-06-01"
+
+
+def test_a_stream_arrives_intact_and_in_order(proxy: Proxy) -> None:
+    """Every event passes through; the text is whole and in order."""
+    system, messages = to_anthropic(agent_session(60))
+    with sdk(proxy).messages.stream(
+        model=proxy.model,
+        max_tokens=100,
+        system=system,  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]
+    ) as stream:
+        assert "".join(stream.text_stream) == "".join(WORDS)
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn"
+    [got] = proxy.fake.received
+    assert sent_fits(from_anthropic(got.body["system"], got.body["messages"]), [])
+    conv = stream.response.headers["x-prefit-conversation"]
+    wait_for(lambda: proxy.info(conv).get("length"))  # synced after the stream
+
+
+def test_errors_come_back_as_the_sdk_expects_them(proxy: Proxy) -> None:
+    """prefit's own 401 and the provider's 529 raise the SDK's usual exception types."""
+    wrong = anthropic.Anthropic(base_url=proxy.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as caught:
+        wrong.messages.create(model=proxy.model, max_tokens=10, messages=[user("hi")])  # type: ignore[list-item]
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "authentication_error", "message": "invalid API key"},
+    }
+    proxy.fake.script(Reply(529))
+    with pytest.raises(anthropic.APIStatusError) as overloaded:
+        sdk(proxy).messages.create(model=proxy.model, max_tokens=10, messages=[user("hi")])  # type: ignore[list-item]
+    assert overloaded.value.status_code == 529
+    assert overloaded.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+
+
+def test_a_transcript_prefit_cannot_read_goes_as_it_is(proxy: Proxy) -> None:
+    """An unknown block type: forwarded unchanged for the provider to judge, never refused."""
+    messages = [{"role": "user", "content": [{"type": "future_block", "x": 1}]}]
+    r = httpx.post(
+        f"{proxy.url}/v1/messages",
+        headers={"x-api-key": proxy.key},
+        json={"model": proxy.model, "max_tokens": 10, "messages": messages},
+    )
+    assert r.status_code == 200
+    assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 0)"
+    assert proxy.fake.received[0].body["messages"] == messages
+    assert WINDOW  # the window is configured: only the transcript was unreadable

@@ -1,0 +1,58 @@
+"""The proxy without Redis, and with each client's own provider key forwarded (opt-in)."""
+
+from __future__ import annotations
+
+import uuid
+
+import openai
+
+from api.app import create_app
+from tests.api.conftest import Recorder, key_of
+from tests.api.helpers import chat
+from tests.api.proxy.conftest import proxy_settings, sent_fits
+from tests.api.server import serve
+from tests.fakeprovider import WORDS, FakeProvider
+
+DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
+
+
+def test_without_redis_requests_are_still_fitted_and_answered() -> None:
+    """The store is down: the cheap strategies fit the prompt and the answer is marked."""
+    fake = FakeProvider(limit_tokens=20_000)
+    tenant, model = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    with serve(fake.app) as fake_url:
+        settings = proxy_settings(DEAD_REDIS, model, tenant, fake_url, redis_socket_timeout_s=0.2)
+        with serve(create_app(settings, enqueue=Recorder())) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), max_retries=0)
+            raw = client.chat.completions.with_raw_response.create(
+                model=model,
+                messages=chat(100),  # type: ignore[arg-type]
+            )
+    assert raw.parse().choices[0].message.content == "".join(WORDS)
+    assert raw.headers["x-prefit-degraded"] == "true"
+    assert raw.headers["x-prefit-fit"] == "applied"
+    [got] = fake.received
+    assert got.status == 200 and sent_fits(got.body["messages"], [])
+
+
+def test_a_deployment_can_forward_each_clients_own_provider_key(redis_url: str) -> None:
+    """Opt-in: the prefit key rides in X-Prefit-Api-Key, the SDK's key goes upstream."""
+    fake = FakeProvider()
+    tenant, model = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    with serve(fake.app) as fake_url:
+        settings = proxy_settings(
+            redis_url, model, tenant, fake_url, proxy_forward_client_keys=True
+        )
+        with serve(create_app(settings, enqueue=Recorder())) as url:
+            own = openai.OpenAI(
+                base_url=f"{url}/v1",
+                api_key="sk-the-clients-own",
+                default_headers={"X-Prefit-Api-Key": key_of(tenant)},
+                max_retries=0,
+            )
+            own.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+            plain = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), max_retries=0)
+            plain.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+    keys = [r.headers["authorization"] for r in fake.received]
+    assert keys == ["Bearer sk-the-clients-own", "Bearer sk-upstream-openai"]
+    assert all("x-prefit-api-key" not in r.headers for r in fake.received)

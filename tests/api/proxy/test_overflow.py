@@ -1,0 +1,128 @@
+"""Overflow retries and calibration, against a provider that counts 1.5x prefit's estimate."""
+
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+
+from shared.formats import to_anthropic
+from shared.messages import validate
+from tests.api.conftest import WINDOW
+from tests.api.helpers import chat, user
+from tests.api.proxy.conftest import Proxy, agent_session, wait_for
+from tests.fakeprovider import WORDS, FakeProvider, Reply
+
+SCALE = 1.5
+
+
+@pytest.fixture
+def fake() -> FakeProvider:
+    """A provider with the API's window that counts every prompt 1.5x what prefit does."""
+    return FakeProvider(limit_tokens=WINDOW, scale=SCALE)
+
+
+def openai_sdk(proxy: Proxy) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=proxy.key, max_retries=0)
+
+
+def anthropic_sdk(proxy: Proxy) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=proxy.url, api_key=proxy.key, max_retries=0)
+
+
+def ratio(proxy: Proxy) -> float:
+    return proxy.store.ratios.get(proxy.tenant, proxy.model) or 1.0
+
+
+def test_an_openai_overflow_is_retried_and_the_client_sees_only_the_success(
+    proxy: Proxy,
+) -> None:
+    """The error's figures set the retry's pressure; one retry suffices."""
+    messages = chat(60)  # under prefit's trigger: sent whole, and too long for the provider
+    raw = openai_sdk(proxy).chat.completions.with_raw_response.create(
+        model=proxy.model,
+        messages=messages,  # type: ignore[arg-type]
+    )
+    assert raw.parse().choices[0].message.content == "".join(WORDS)
+    assert raw.headers["x-prefit-retries"] == "1"
+    assert "x-prefit-degraded" not in raw.headers  # the retry is the stored prepare's too
+    first, second = proxy.fake.received
+    assert (first.status, second.status) == (400, 200)
+    validate(second.body["messages"])
+    assert second.body["messages"][:2] == messages[:2]
+    wait_for(lambda: ratio(proxy) > 1.2)  # the overflow's count and the usage, observed
+
+
+def test_an_anthropic_overflow_is_retried_the_same_way(proxy: Proxy) -> None:
+    """ "prompt is too long: N tokens > M maximum" is read and retried like OpenAI's."""
+    system, messages = to_anthropic(chat(60))
+    raw = anthropic_sdk(proxy).messages.with_raw_response.create(
+        model=proxy.model,
+        max_tokens=100,
+        system=system,  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]
+    )
+    assert raw.parse().content[0].text == "".join(WORDS)  # type: ignore[union-attr]
+    assert raw.headers["x-prefit-retries"] == "1"
+    assert [r.status for r in proxy.fake.received] == [400, 200]
+
+
+def test_overflows_are_retried_at_most_twice(proxy: Proxy) -> None:
+    """Three overflows in a row: the third goes back to the client as the provider said it."""
+    proxy.fake.script(*[Reply(400, overflow=True, limit=WINDOW)] * 3)
+    with pytest.raises(openai.BadRequestError) as caught:
+        openai_sdk(proxy).chat.completions.create(
+            model=proxy.model,
+            messages=agent_session(60),  # type: ignore[arg-type]
+        )
+    assert caught.value.code == "context_length_exceeded"
+    assert caught.value.response.headers["x-prefit-retries"] == "2"
+    assert [r.status for r in proxy.fake.received] == [400, 400, 400]
+    sizes = [len(str(r.body["messages"])) for r in proxy.fake.received]
+    assert sizes[0] > sizes[1] > sizes[2]
+
+
+def test_a_streamed_openai_answer_feeds_calibration(proxy: Proxy) -> None:
+    """The usage chunk prefit asked for is read (then dropped) and observed."""
+    stream = openai_sdk(proxy).chat.completions.create(
+        model=proxy.model,
+        messages=[user("hi " * 200)],  # type: ignore[list-item]
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "".join(WORDS)
+    wait_for(lambda: ratio(proxy) > 1.1)
+
+
+def test_a_streamed_anthropic_answer_feeds_calibration_with_cached_tokens(proxy: Proxy) -> None:
+    """message_start's input + cache read + cache creation tokens are the prompt's count."""
+    with anthropic_sdk(proxy).messages.stream(
+        model=proxy.model,
+        max_tokens=100,
+        messages=[user("hi " * 200)],  # type: ignore[list-item]
+    ) as stream:
+        assert "".join(stream.text_stream) == "".join(WORDS)
+    # without the cached parts the fake's usage would say 0.25 x prefit's estimate
+    wait_for(lambda: ratio(proxy) > 1.1)
+
+
+def test_a_non_streamed_answer_feeds_calibration(proxy: Proxy) -> None:
+    """`usage.prompt_tokens` of a plain answer is observed for the tenant and model, against
+    prefit's estimate of exactly what was sent (the first observation sets the ratio)."""
+    openai_sdk(proxy).chat.completions.create(
+        model=proxy.model,
+        messages=agent_session(60),  # type: ignore[arg-type]
+    )
+    wait_for(lambda: ratio(proxy) != 1.0)
+    assert ratio(proxy) == pytest.approx(SCALE, abs=0.002)
+
+
+def test_a_streamed_request_that_overflows_is_retried_before_streaming(proxy: Proxy) -> None:
+    """The overflow comes before any event: the retried stream is what the client reads."""
+    stream = openai_sdk(proxy).chat.completions.create(
+        model=proxy.model,
+        messages=chat(60),  # type: ignore[arg-type]
+        stream=True,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == "".join(WORDS)
+    assert [r.status for r in proxy.fake.received] == [400, 200]
+    assert stream.response.headers["x-prefit-retries"] == "1"

@@ -1,0 +1,279 @@
+"""A fake OpenAI + Anthropic provider over real HTTP, for the proxy's tests and benchmark.
+
+It serves `POST /v1/chat/completions` and `POST /v1/messages` the way the providers do,
+records every request it receives (path, headers, JSON body), and answers each with, in
+order of precedence: the next scripted `Reply`; a context-length error of its protocol, with
+the provider's figures, when the prompt is over `limit_tokens`; else an answer whose text
+is `words` joined, streamed event by event when the request says `stream: true`. Its usage
+counts the prompt as prefit's heuristic counter does, times `scale`, so a test can make
+prefit's estimates wrong by a known factor. As a process (the benchmark):
+
+    python -m tests.fakeprovider --port 8901
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import threading
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from api.proxy.anthropic import ERROR_TYPES
+from shared.counters import HeuristicCounter
+from shared.errors import InvalidTranscript
+from shared.formats import from_anthropic
+
+WORDS = tuple(f"word{i} " for i in range(12))
+_COUNTER = HeuristicCounter()
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer: an error of the request's protocol unless `status` is 2xx;
+    `overflow` makes it a context-length error with figures (`limit` its maximum)."""
+
+    status: int = 200
+    headers: Mapping[str, str] = field(default_factory=dict)
+    overflow: bool = False
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class Received:
+    """One request as the fake got it, and the status it answered."""
+
+    protocol: str
+    headers: Mapping[str, str]
+    body: dict[str, Any]
+    status: int
+
+
+def prompt_tokens(protocol: str, body: Mapping[str, Any], scale: float = 1.0) -> int:
+    """The fake's count of a request's prompt: prefit's heuristic count, times `scale`."""
+    messages = body.get("messages") or []
+    try:
+        if protocol == "anthropic":
+            messages = from_anthropic(body.get("system"), messages)
+        counted = _COUNTER.count(messages, body.get("tools") or [])
+    except InvalidTranscript:  # a shape prefit does not know: its size, roughly
+        counted = len(json.dumps(body)) // 4
+    return math.ceil(counted * scale)
+
+
+class FakeProvider:
+    """The fake's state and its Starlette `app` (serve it with tests/api/server.py)."""
+
+    def __init__(
+        self,
+        *,
+        limit_tokens: int | None = None,
+        scale: float = 1.0,
+        words: Sequence[str] = WORDS,
+        event_delay: float = 0.0,
+        record: bool = True,
+    ) -> None:
+        self.limit_tokens = limit_tokens
+        self.scale = scale
+        self.words = tuple(words)
+        self.event_delay = event_delay
+        self.record = record
+        self.cancelled = 0  # streams whose client went away before the end
+        self._received: list[Received] = []
+        self._script: list[Reply] = []
+        self._lock = threading.Lock()
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._openai, methods=["POST"]),
+                Route("/v1/messages", self._anthropic, methods=["POST"]),
+            ]
+        )
+
+    @property
+    def received(self) -> list[Received]:
+        with self._lock:
+            return list(self._received)
+
+    def script(self, *replies: Reply) -> None:
+        """Answer the next requests with `replies`, in order."""
+        with self._lock:
+            self._script.extend(replies)
+
+    async def _openai(self, request: Request) -> Response:
+        return await self._handle("openai", request)
+
+    async def _anthropic(self, request: Request) -> Response:
+        return await self._handle("anthropic", request)
+
+    async def _handle(self, protocol: str, request: Request) -> Response:
+        body = json.loads(await request.body())
+        tokens = prompt_tokens(protocol, body, self.scale)
+        with self._lock:
+            reply = self._script.pop(0) if self._script else None
+        if reply is None and self.limit_tokens is not None and tokens > self.limit_tokens:
+            reply = Reply(400, overflow=True, limit=self.limit_tokens)
+        status = reply.status if reply is not None else 200
+        if self.record:
+            with self._lock:
+                self._received.append(Received(protocol, dict(request.headers), body, status))
+        if reply is not None and reply.status >= 300:
+            payload = _error(protocol, reply, tokens)
+            return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
+        if body.get("stream") is True:
+            events = _openai_events if protocol == "openai" else _anthropic_events
+            stream = self._paced(events(body, self.words, tokens))
+            return StreamingResponse(stream, media_type="text/event-stream")
+        answer = _openai_answer if protocol == "openai" else _anthropic_answer
+        return JSONResponse(answer(body, "".join(self.words), tokens))
+
+    async def _paced(self, events: list[dict[str, Any] | str]) -> AsyncIterator[bytes]:
+        done = False
+        try:
+            for event in events:
+                if self.event_delay:
+                    await asyncio.sleep(self.event_delay)
+                yield _sse(event)
+            done = True
+        finally:
+            if not done:
+                with self._lock:
+                    self.cancelled += 1
+
+
+def _sse(event: dict[str, Any] | str) -> bytes:
+    if isinstance(event, str):
+        return f"data: {event}\n\n".encode()
+    name = event.get("type")
+    data = json.dumps(event, separators=(",", ":"))
+    if name and "choices" not in event:
+        return f"event: {name}\ndata: {data}\n\n".encode()
+    return f"data: {data}\n\n".encode()
+
+
+def _error(protocol: str, reply: Reply, tokens: int) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(reply.status, "api_error")
+    if protocol == "anthropic":
+        text = f"prompt is too long: {tokens} tokens > {reply.limit} maximum"
+        message = text if reply.overflow else "scripted failure"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    if reply.overflow:
+        message = (
+            f"This model's maximum context length is {reply.limit} tokens. However, your "
+            f"messages resulted in {tokens} tokens. Please reduce the length of the messages."
+        )
+        err = {"message": message, "type": kind, "param": "messages"}
+        return {"error": {**err, "code": "context_length_exceeded"}}
+    return {"error": {"message": "scripted failure", "type": kind, "param": None, "code": None}}
+
+
+def _openai_answer(body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:
+    out = len(text) // 4
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": body.get("model"),
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": tokens, "completion_tokens": out, "total_tokens": tokens + out},
+    }
+
+
+def _openai_events(
+    body: Mapping[str, Any], words: Sequence[str], tokens: int
+) -> list[dict[str, Any] | str]:
+    options = body.get("stream_options") or {}
+    usage = options.get("include_usage") is True
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0}
+    base["model"] = body.get("model")
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return {**base, "choices": [choice], **({"usage": None} if usage else {})}
+
+    events: list[dict[str, Any] | str] = [chunk({"role": "assistant", "content": ""})]
+    events += [chunk({"content": w}) for w in words]
+    events.append(chunk({}, "stop"))
+    if usage:
+        out = len(words)
+        total = {"prompt_tokens": tokens, "completion_tokens": out, "total_tokens": tokens + out}
+        events.append({**base, "choices": [], "usage": total})
+    events.append("[DONE]")
+    return events
+
+
+def _anthropic_answer(body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model"),
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": _anthropic_usage(tokens, len(text) // 4),
+    }
+
+
+def _anthropic_usage(tokens: int, out: int) -> dict[str, Any]:
+    """`tokens` split as a cached prompt is: fresh input, cache reads and cache writes."""
+    read, created = tokens // 2, tokens // 4
+    return {
+        "input_tokens": tokens - read - created,
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": created,
+        "output_tokens": out,
+    }
+
+
+def _anthropic_events(
+    body: Mapping[str, Any], words: Sequence[str], tokens: int
+) -> list[dict[str, Any] | str]:
+    message = {**_anthropic_answer(body, "", tokens), "content": [], "stop_reason": None}
+    message["usage"] = _anthropic_usage(tokens, 1)
+    events: list[dict[str, Any] | str] = [
+        {"type": "message_start", "message": message},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "ping"},
+    ]
+    events += [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}}
+        for w in words
+    ]
+    events += [
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": len(words)},
+        },
+        {"type": "message_stop"},
+    ]
+    return events
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="fake OpenAI + Anthropic provider")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8901)
+    args = parser.parse_args(argv)
+    fake = FakeProvider(record=False)
+    uvicorn.run(fake.app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Before refusing, prepare shortens the tool outputs of the head and the recent turns."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared.counters import HeuristicCounter
+from shared.errors import DoesNotFit
+from shared.messages import Message
+from shared.policy import ContextPolicy
+from shared.strategies.lastresort import FLOOR_CHARS, NAME
+from tests.shared.generated import tool_call
+from tests.shared.invariants import assert_justified, check
+
+COUNTER = HeuristicCounter()
+
+
+def call(i: int, output: str) -> list[Message]:
+    text = f"BEGIN{i} " + output + f" END{i}"
+    return tool_call(f"c{i}", "read_file", f'{{"path": "f{i}.py"}}', text)
+
+
+def session(outputs: list[int]) -> list[Message]:
+    """A task, then one tool call per size in `outputs` (the last ones are the recent turns)."""
+    msgs: list[Message] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test."},
+    ]
+    for i, size in enumerate(outputs):
+        msgs += call(i, "x" * size)
+    return msgs
+
+
+def prepare(policy: ContextPolicy, msgs: list[Message]) -> Any:
+    return asyncio.run(policy.prepare(msgs))
+
+
+def test_large_outputs_in_the_recent_turns_are_shortened_not_refused() -> None:
+    """Three 7,900-char outputs in the protected turns of a 6k window: it fits, and says so."""
+    msgs = session([500] * 5 + [7_900] * 3)
+    policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=1_000)
+    out = prepare(policy, msgs)
+    check(policy, msgs, out, counter=COUNTER)
+    [entry] = [a for a in out.report["applied"] if a["strategy"] == NAME]
+    assert entry["saved"] > 0 and entry["floor_chars"] == FLOOR_CHARS
+    tail = [i for i, m in enumerate(msgs) if m.get("role") == "tool"][-3:]
+    assert set(entry["messages"]) <= set(tail) and entry["messages"] == sorted(entry["messages"])
+    for i in entry["messages"]:
+        short = next(m for m in out.messages if m.get("tool_call_id") == msgs[i]["tool_call_id"])
+        text = short["content"]
+        assert text.startswith(f"BEGIN{msgs[i]['tool_call_id'][1:]}") and text.endswith(
+            "END" + msgs[i]["tool_call_id"][1:]
+        )
+        assert "characters cut to save context" in text and len(text) < len(msgs[i]["content"])
+
+
+def test_oldest_output_is_cut_first_and_the_last_one_last() -> None:
+    """When cutting the older outputs is enough, the very last result stays whole."""
+    msgs = session([300, 7_900, 7_900, 7_900])
+    policy = ContextPolicy(7_000, counter=COUNTER, reserve_output=1_000)
+    out = prepare(policy, msgs)
+    check(policy, msgs, out, counter=COUNTER)
+    [entry] = [a for a in out.report["applied"] if a["strategy"] == NAME]
+    last = len(msgs) - 1
+    assert last not in entry["messages"]
+    assert out.messages[-1] == msgs[-1]
+
+
+def test_cuts_go_only_as_deep_as_needed() -> None:
+    """A small excess takes a little off one output, not all of them down to the floor."""
+    msgs = session([7_900, 7_900, 7_900])
+    policy = ContextPolicy(7_000, counter=COUNTER, reserve_output=300)
+    out = prepare(policy, msgs)
+    tools = [m for m in out.messages if m.get("role") == "tool"]
+    assert max(len(m["content"]) for m in tools) > FLOOR_CHARS * 2
+    assert COUNTER.count(out.messages) <= policy.budget(None)
+
+
+def test_does_not_fit_only_when_the_floor_is_not_enough() -> None:
+    """A recent user message larger than the budget cannot be cut: DoesNotFit, with figures."""
+    msgs = session([5_000, 5_000])
+    msgs.append({"role": "user", "content": "paste: " + "p" * 30_000})
+    policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=1_000)
+    with pytest.raises(DoesNotFit) as info:
+        prepare(policy, msgs)
+    e = info.value
+    assert e.floor_chars == FLOOR_CHARS and "1000 characters" in str(e)
+    assert_justified(e)
+    # the figures are of the tail as it stands: outputs at the floor, the paste whole
+    assert e.tail_tokens < COUNTER.count(msgs[-5:]) and e.tail_tokens > 30_000 / 3.5

@@ -1,0 +1,111 @@
+"""The head: the first user message is kept wherever it is, with a small opening before it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared.counters import HeuristicCounter
+from shared.head import GAP_MAX_CHARS, head_of
+from shared.messages import Message
+from shared.policy import ContextPolicy
+from shared.strategies.drop import marker_counts
+from tests.conftest import load_transcript, needs_transcripts, transcript_files
+from tests.shared.generated import tool_call
+from tests.shared.invariants import check
+
+COUNTER = HeuristicCounter()
+GREETING: Message = {"role": "assistant", "content": "Hi! How can I help you today?"}
+TASK: Message = {"role": "user", "content": "Cancel my flight HAT123 and refund it to my card."}
+
+
+def call(i: int, output: str) -> list[Message]:
+    """An assistant tool call and its result."""
+    return tool_call(f"call_{i}", "get_reservation", f'{{"id": "R{i}"}}', output)
+
+
+def airline(turns: int, size: int = 900) -> list[Message]:
+    """A customer-service shape: the agent greets, the user states the task, tools follow."""
+    msgs: list[Message] = [GREETING, TASK]
+    for i in range(turns):
+        msgs += call(i, f"reservation R{i}: " + "x" * size)
+        msgs.append({"role": "assistant", "content": f"I found reservation R{i}. " + "y" * 200})
+        msgs.append({"role": "user", "content": f"ok, go on with step {i}"})
+    return msgs
+
+
+def prepare(policy: ContextPolicy, msgs: list[Message]) -> Any:
+    return asyncio.run(policy.prepare(msgs))
+
+
+def test_task_after_a_greeting_is_in_the_head() -> None:
+    """An assistant greeting before the task is kept with it as the head."""
+    head = head_of([GREETING, TASK, GREETING])
+    assert (head.lead, head.task, head.end, head.gap_kept) == (0, 1, 2, True)
+    assert [head.protects(i) for i in range(3)] == [True, True, False]
+    system = {"role": "system", "content": "be kind"}
+    head = head_of([system, GREETING, TASK])
+    assert (head.lead, head.task, head.end) == (1, 2, 3) and head.contiguous
+
+
+def test_large_opening_is_cut_able_but_the_task_is_not() -> None:
+    """An agent that worked before the user spoke: that work may go, the task stays."""
+    msgs = [{"role": "system", "content": "s"}, *call(0, "z" * (GAP_MAX_CHARS + 1)), TASK]
+    head = head_of(msgs)
+    assert (head.lead, head.task, head.end, head.gap_kept) == (1, 3, 4, False)
+    assert head.gap == (1, 3) and not head.contiguous
+    assert [head.protects(i) for i in range(4)] == [True, False, False, True]
+
+
+def test_no_user_message_yet_means_the_leading_messages() -> None:
+    """Without a user message the head is the leading system messages, not final yet."""
+    head = head_of([{"role": "system", "content": "s"}, GREETING])
+    assert (head.end, head.task, head.final) == (1, None, False)
+    assert head_of([TASK], keep_first_user=False).end == 0
+
+
+@pytest.mark.parametrize("window", [4_000, 8_000, 16_000])
+def test_greeting_first_conversation_keeps_the_task_when_cut(window: int) -> None:
+    """At small windows DropOldest cuts the middle, never the greeting or the task."""
+    msgs = airline(80)
+    policy = ContextPolicy(window, counter=COUNTER, reserve_output=512)
+    out = prepare(policy, msgs)
+    assert out.report["dropped_groups"] > 0
+    assert out.messages[:2] == [GREETING, TASK]
+    assert out.report["head"] == {
+        "end": 2, "first_user": 1, "leading": 0, "messages": 2, "gap_kept": True,
+    }  # fmt: skip
+    check(policy, msgs, out, counter=COUNTER)
+
+
+def test_a_large_opening_is_dropped_before_anything_else() -> None:
+    """The oldest groups go first, those before the task included, each run with its marker."""
+    opening = [m for i in range(3) for m in call(i, "w" * 1500)]
+    msgs = [{"role": "system", "content": "s"}, *opening, TASK, *airline(30)[2:]]
+    policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=512)
+    out = prepare(policy, msgs)
+    check(policy, msgs, out, counter=COUNTER)
+    task_at = out.messages.index(TASK)
+    before = out.messages[1:task_at]
+    assert [marker_counts(m) for m in before] == [(6, 3)], "the opening is one dropped run"
+    after = marker_counts(out.messages[task_at + 1])
+    assert after is not None and after[1] > 0
+    assert out.report["dropped_groups"] == 3 + after[1]
+    assert out.report["head"]["gap_kept"] is False
+
+
+@needs_transcripts
+@pytest.mark.parametrize(
+    "path", [p for p in transcript_files() if p.name.startswith("tau2")], ids=lambda p: p.stem
+)
+@pytest.mark.parametrize("window", [8_000, 16_000])
+def test_real_greeting_first_transcripts_keep_the_task(path: Any, window: int) -> None:
+    """tau2-bench airline conversations (greeting first) keep their task at small windows."""
+    msgs = load_transcript(path)["messages"]
+    assert msgs[0]["role"] == "assistant" and msgs[1]["role"] == "user"
+    policy = ContextPolicy(window, counter=COUNTER, reserve_output=1024)
+    out = prepare(policy, msgs)
+    assert out.messages[:2] == msgs[:2]
+    check(policy, msgs, out, counter=COUNTER)
