@@ -10,6 +10,11 @@ summary index *and* the tenant-wide, content-addressed summary records). The pri
 tenant lives on one shard. Calibration ratios are per tenant too: what one tenant reports about
 a model's tokenizer never changes how another tenant's prompts are counted.
 
+Two kinds of keys belong to no tenant: a summary queue's in-flight registry (hash tag
+`{inflight:<queue>}`: ids and hashes of running jobs, never content), and the summarizer
+breakers under `prefit:v2:global:` (they describe a provider configuration: a digest of it,
+its failures and pause).
+
 Ids are restricted to `[A-Za-z0-9._-]`: no `:` (it separates key parts, so allowing it would let
 two different ids build the same key) and no braces (they would move the hash tag). Model
 names are not ids (clients choose them freely): `model_part` keeps a plain name as it is and

@@ -72,18 +72,7 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
     started = time.perf_counter()
     progress = Progress()
     try:
-        outcome = runtime.run(
-            run_job(
-                job,
-                store=runtime.store,
-                summarizer=runtime.summarizer,
-                settings=runtime.settings,
-                owner=f"{request.id}/{uuid.uuid4().hex[:8]}",
-                ticket=ticket,
-                provider=runtime.provider,
-                progress=progress,
-            )
-        )
+        outcome = _run(runtime, job, ticket, progress)
     except Exception as exc:  # what comes next is for shared.failures to say
         if not isinstance(exc, PrefitError):  # a bug or an unforeseen fault: where, not what
             log.error("summary.task_crashed", error=_name(exc), at=_where(exc), **_ids(job))
@@ -98,6 +87,21 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
         _leave(runtime, ticket)
     _finished(job, outcome, attempt, started)
     return outcome.to_dict()
+
+
+def _run(runtime: Runtime, job: SummaryJob, ticket: Ticket, progress: Progress) -> Outcome:
+    return runtime.run(
+        run_job(
+            job,
+            store=runtime.store,
+            summarizer=runtime.summarizer,
+            settings=runtime.settings,
+            owner=f"{ticket.task_id}/{uuid.uuid4().hex[:8]}",
+            ticket=ticket,
+            provider=runtime.provider,
+            progress=progress,
+        )
+    )
 
 
 def _act(

@@ -130,9 +130,11 @@ class Blocks:
 
     @guarded
     def claim_enqueue(self, tenant: str, conv_id: str, marker: str, source: str, ttl: float) -> int:
-        """`Lease.claim_enqueue`, unless a block stops jobs from `source` (an origin).
+        """The enqueue marker (conversation, `marker`), unless a block stops jobs from `source`.
 
-        1: claimed, enqueue; 0: claimed already within `ttl`; -1: blocked, enqueue nothing.
+        Lets 50 triggers for one conversation state enqueue one task: only the caller that
+        gets 1 enqueues (0: claimed already within `ttl`; -1: the conversation's range from
+        `source`, an origin, is blocked: enqueue nothing). `Lease.clear_enqueue` drops it.
         """
         ks = [keys.conv_blocked(tenant, conv_id), keys.conv_pending(tenant, conv_id, marker)]
         return int(self._r.eval(ENQUEUE, 2, *ks, source, ttl_ms(ttl)))

@@ -96,18 +96,8 @@ class Lease:
         return HeldLease(self, tenant, conv_id, owner, ttl, valid_until=started + ttl)
 
     @guarded
-    def claim_enqueue(self, tenant: str, conv_id: str, key: str, ttl: float) -> bool:
-        """True for the first caller per (conversation, key) within `ttl` seconds.
-
-        Lets 50 triggers for one conversation and target enqueue one task: only the caller
-        that gets True enqueues. The worker clears the marker when done (`clear_enqueue`).
-        """
-        marker = keys.conv_pending(tenant, conv_id, key)
-        return bool(self._r.set(marker, b"1", nx=True, px=ttl_ms(ttl)))
-
-    @guarded
     def clear_enqueue(self, tenant: str, conv_id: str, key: str) -> None:
-        """Drop the marker so a later trigger for the same key can enqueue again."""
+        """Drop an enqueue marker (`Blocks.claim_enqueue`) so a later trigger can enqueue again."""
         self._r.delete(keys.conv_pending(tenant, conv_id, key))
 
     @property
