@@ -212,8 +212,9 @@ def conv_attempts(tenant: str, conv_id: str, prefix_hash: str) -> str:
 
 
 def _worker_queue(queue: str) -> str:
-    # the braces make the queue a Redis Cluster hash tag: a registry's keys share one slot
-    return f"{ROOT}:{{inflight:{check_id('queue', queue)}}}"
+    # the braces make the queue a Redis Cluster hash tag: a registry's keys share one slot;
+    # queue names are the operator's, so any name makes a key part (as model names do)
+    return f"{ROOT}:{{inflight:{model_part(queue)}}}"
 
 
 def inflight_deadlines(queue: str) -> str:

@@ -26,6 +26,9 @@ def _tenant_keys(tenant: str, conv: str) -> list[str]:
         keys.dead_letters(tenant),
         keys.ratio(tenant, "gpt-4o"),
         keys.ratio(tenant, "x:y*{z}"),
+        keys.conv_blocked(tenant, conv),
+        keys.conv_block_count(tenant, conv),
+        keys.conv_attempts(tenant, conv, H),
     ]
 
 
@@ -85,3 +88,13 @@ def test_ratio_keys_are_per_tenant_and_model() -> None:
     assert keys.ratio("acme", "m" * 129) != keys.ratio("acme", "m" * 128)
     with pytest.raises(ConfigError):
         keys.ratio("acme", 3)  # type: ignore[arg-type]
+
+
+def test_a_queues_inflight_registry_is_one_slot_whatever_its_name() -> None:
+    """The registry's two keys share a slot per queue; any queue name makes a key part."""
+    for queue in ("summaries", "team:a {b}"):
+        deadlines, jobs = keys.inflight_deadlines(queue), keys.inflight_jobs(queue)
+        assert deadlines.startswith(f"{keys.ROOT}:{{inflight:")
+        assert key_slot(deadlines.encode()) == key_slot(jobs.encode())
+        assert deadlines.count("{") == 1 and " " not in deadlines
+    assert keys.inflight_jobs("a") != keys.inflight_jobs("b")
