@@ -68,4 +68,3 @@ def plan_summary(
         return None
     cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
     return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
-
