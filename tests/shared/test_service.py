@@ -13,9 +13,10 @@ import pytest
 from pydantic import SecretStr
 
 from shared import service
-from shared.redisproc import find_redis_server, reachable
+from shared.redisproc import reachable
 from shared.service import Supervisor, UpOptions, api_argv, describe_summarizer, worker_argv
 from shared.settings import Settings
+from tests.redisbackend import needs_redis_server
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 STUBBORN = [
@@ -134,7 +135,7 @@ def test_up_stops_everything_when_a_child_dies(
     assert len(pids) == 2 and not any(_alive(p) for p in pids)
 
 
-@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+@needs_redis_server
 def test_up_starts_and_stops_an_embedded_redis(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without REDIS_URL, `up` runs its own Redis, hands its URL to the children, then stops it."""
     monkeypatch.delenv("REDIS_URL", raising=False)
