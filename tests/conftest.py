@@ -86,8 +86,11 @@ def redis_url() -> Iterator[str]:
         yield chosen.url
         return
     server = FakeRedisServer() if chosen.kind == "fakeredis" else RedisProcess()
-    with server:
+    server.start()
+    try:
         yield server.url
+    finally:
+        server.stop()
 
 
 @pytest.fixture

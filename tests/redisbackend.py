@@ -22,7 +22,6 @@ import threading
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import TracebackType
 from typing import Literal
 
 import pytest
@@ -117,6 +116,7 @@ class FakeRedisServer:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "tests.redisbackend"],
             cwd=ROOT,
+            stdin=subprocess.PIPE,  # closed when this process ends, however it ends
             stdout=subprocess.PIPE,
             text=True,
             start_new_session=True,
@@ -133,29 +133,16 @@ class FakeRedisServer:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
-
-    def __enter__(self) -> FakeRedisServer:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+        proc.terminate()  # the child sets no handler: SIGTERM ends it at once
+        proc.wait(timeout=10)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def serve() -> None:
-    """The child of `FakeRedisServer`: serve fakeredis on a free port, print the port."""
+    """The child of `FakeRedisServer`: serve fakeredis on a free port, print the port, and
+    exit when the parent's end of stdin closes (a test run killed outright leaves no server)."""
     from fakeredis import TcpFakeServer
 
     class Server(TcpFakeServer):  # type: ignore[misc]
@@ -165,11 +152,10 @@ def serve() -> None:
 
     server = Server(("127.0.0.1", 0))
     port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, name="fakeredis")
-    thread.start()
+    threading.Thread(target=server.serve_forever, name="fakeredis", daemon=True).start()
     _add_sha1hex(f"redis://127.0.0.1:{port}/0", server.fake_server)
     print(port, flush=True)
-    thread.join()
+    sys.stdin.read()
 
 
 def _add_sha1hex(url: str, fake_server: object) -> None:
