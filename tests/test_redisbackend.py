@@ -18,6 +18,7 @@ def choose(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """A fresh choice under a patched environment; the session's own is restored after."""
     monkeypatch.delenv("REDIS_URL", raising=False)
     monkeypatch.delenv("PREFIT_REDIS_URL", raising=False)
+    monkeypatch.delenv(SWITCH, raising=False)
     backend.cache_clear()
     yield monkeypatch
     backend.cache_clear()
