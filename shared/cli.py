@@ -1,9 +1,10 @@
-"""The `prefit` console script: `up`, `worker`, `demo` and `inspect`.
+"""The `prefit` console script: `up`, `worker`, `demo`, `inspect` and `encodings`.
 
 - `prefit up`: the whole service on one machine (embedded Redis unless REDIS_URL is set).
 - `prefit worker`: become a Celery summary worker with the project's settings.
 - `prefit demo FILE | --generate`: replay a conversation against a running service.
 - `prefit inspect ...`: shared/inspect.py, imported only when asked for.
+- `prefit encodings [DIR] [--from SRC]`: tiktoken's files, checked (shared/encodingfiles.py).
 """
 
 from __future__ import annotations
@@ -73,6 +74,23 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-color", action="store_true")
     demo.set_defaults(command=_demo)
 
+    encodings = sub.add_parser(
+        "encodings", help="install tiktoken's encoding files into a folder, checked by SHA-256"
+    )
+    encodings.add_argument(
+        "into", nargs="?", type=Path, help="the folder (default: PREFIT_TIKTOKEN_DIR)"
+    )
+    encodings.add_argument(
+        "--from",
+        dest="source",
+        type=Path,
+        help="copy the files found here instead of downloading them (air-gapped hosts)",
+    )
+    encodings.add_argument(
+        "--name", action="append", dest="names", help="an encoding (default: every one)"
+    )
+    encodings.set_defaults(command=_encodings)
+
     # Listed for --help only: main() hands `inspect` and everything after it to shared.inspect.
     sub.add_parser("inspect", help="show what prepare does to a transcript (see inspect -h)")
     return parser
@@ -135,6 +153,23 @@ def _demo(ns: argparse.Namespace, settings: Settings) -> int:
     except PrefitError as exc:
         print(f"prefit demo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+
+def _encodings(ns: argparse.Namespace, settings: Settings) -> int:
+    from shared.encodingfiles import install_encodings  # tiktoken's loader only when asked for
+
+    into = ns.into or settings.tiktoken_dir
+    if into is None:
+        print("prefit encodings: name a folder, or set PREFIT_TIKTOKEN_DIR", file=sys.stderr)
+        return 2
+    try:
+        installed = install_encodings(into, ns.source, ns.names or None)
+    except PrefitError as exc:
+        print(f"prefit encodings: {exc}", file=sys.stderr)
+        return 1
+    for enc in installed:
+        print(f"{enc.path}  {enc.origin}  sha256 {enc.sha256}")
+    return 0
 
 
 def local_url(settings: Settings) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from shared.head import head_end
 from shared.messages import Message, groups
-from shared.settings import Settings
+from tests.redisbackend import FakeRedisServer, backend, describe
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -67,24 +67,30 @@ def tiktoken_dir() -> Path:
     return TIKTOKEN_DIR
 
 
+def pytest_report_header() -> str:
+    """Which Redis this run uses: REDIS_URL, a throwaway redis-server, or fakeredis."""
+    return describe()
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
-    """REDIS_URL when it is set and reachable, else a throwaway redis-server of our own.
+    """A URL of the Redis `tests.redisbackend` chose: REDIS_URL, a throwaway redis-server of
+    our own, or fakeredis over TCP (a machine without Redis).
 
     Tests never flush: they write under a unique tenant (see `tenant`).
     """
-    from shared.redisproc import RedisProcess, reachable
+    from shared.redisproc import RedisProcess
 
-    settings = Settings()
-    if "redis_url" in settings.model_fields_set and reachable(settings.redis_url):
-        yield settings.redis_url
+    chosen = backend()
+    if chosen.url is not None:
+        yield chosen.url
         return
-    proc = RedisProcess()
-    proc.start()
+    server = FakeRedisServer() if chosen.kind == "fakeredis" else RedisProcess()
+    server.start()
     try:
-        yield proc.url
+        yield server.url
     finally:
-        proc.stop()
+        server.stop()
 
 
 @pytest.fixture

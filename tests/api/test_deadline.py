@@ -21,6 +21,7 @@ from shared.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
 from tests.api.helpers import body, chat, conv_id, user
 from tests.api.server import serve
+from tests.redisbackend import require_redis_server
 
 DEADLINE_S = 1.0
 BOUND_S = DEADLINE_S + 1.5  # a correctness bound (answers must not hang), not a speed goal
@@ -31,6 +32,7 @@ Call = Callable[[httpx.Client], httpx.Response]
 @pytest.fixture
 def own_redis() -> Iterator[RedisProcess]:
     """A redis-server of this test's own, to freeze or kill (resumed before it is stopped)."""
+    require_redis_server()
     proc = RedisProcess().start()
     try:
         yield proc

@@ -12,11 +12,13 @@ from api.app import create_app
 from shared.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
 from tests.api.helpers import body, chat, conv_id, user
+from tests.redisbackend import require_redis_server
 
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[RedisProcess]:
     """A Redis of this test's own, persisted so a restart keeps its data."""
+    require_redis_server()
     proc = RedisProcess(appendonly=True, dir=tmp_path)
     proc.start()
     try:

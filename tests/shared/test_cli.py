@@ -22,8 +22,9 @@ from shared.client import PrefitClient
 from shared.demo import DemoOptions, generate_conversation, load_conversation, replay
 from shared.errors import InvalidTranscript
 from shared.messages import groups, validate
-from shared.redisproc import find_redis_server, free_port, reachable
+from shared.redisproc import free_port, reachable
 from tests.conftest import ROOT, needs_transcripts, transcript_files
+from tests.redisbackend import needs_redis_server
 
 
 class FakeService:
@@ -231,7 +232,7 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+@needs_redis_server
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
 @pytest.mark.skipif(
     not (ROOT / "api" / "app.py").is_file() or not (ROOT / "worker" / "app.py").is_file(),

@@ -9,11 +9,11 @@ import pytest
 import redis
 
 from shared.errors import ConfigError, StoreUnavailable
-from shared.redisproc import RedisProcess, find_redis_server, free_port, reachable
+from shared.redisproc import RedisProcess, free_port, reachable
+from tests.redisbackend import needs_redis_server
 
-pytestmark = pytest.mark.skipif(find_redis_server() is None, reason="no redis-server installed")
 
-
+@needs_redis_server
 def test_start_stop_and_temp_dir_cleanup() -> None:
     """A started server answers PING; stop() ends it and removes the directory it made."""
     proc = RedisProcess().start()
@@ -25,6 +25,7 @@ def test_start_stop_and_temp_dir_cleanup() -> None:
     assert not proc.running and not folder.exists()
 
 
+@needs_redis_server
 def test_no_persistence_by_default() -> None:
     """By default nothing is saved: no RDB snapshots, no AOF."""
     with RedisProcess() as proc:
@@ -35,6 +36,7 @@ def test_no_persistence_by_default() -> None:
         client.close()
 
 
+@needs_redis_server
 def test_restart_keeps_the_port() -> None:
     """restart() and kill()+restart() come back on the same port."""
     with RedisProcess() as proc:
@@ -47,6 +49,7 @@ def test_restart_keeps_the_port() -> None:
         assert proc.port == port and reachable(url)
 
 
+@needs_redis_server
 def test_appendonly_keeps_data_across_kill(tmp_path: Path) -> None:
     """With appendonly and a directory of ours, a SIGKILLed server restarts with its data."""
     with RedisProcess(appendonly=True, dir=tmp_path) as proc:
@@ -66,6 +69,7 @@ def test_missing_executable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -
         RedisProcess(executable="/nonexistent/redis-server").start()
 
 
+@needs_redis_server
 def test_fixed_port_in_use_is_store_unavailable() -> None:
     """A fixed port held by someone else fails start() with StoreUnavailable and the log."""
     with socket.socket() as squatter:

@@ -18,7 +18,7 @@ import pytest
 from pydantic import SecretStr
 
 from shared import service
-from shared.redisproc import find_redis_server, free_port, reachable
+from shared.redisproc import free_port, reachable
 from shared.service import (
     Backoff,
     Supervisor,
@@ -29,6 +29,7 @@ from shared.service import (
 )
 from shared.settings import Settings
 from tests.conftest import ROOT
+from tests.redisbackend import needs_redis_server
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 QUITTER = [sys.executable, "-c", "raise SystemExit(3)"]
@@ -188,7 +189,7 @@ def test_up_restarts_a_dead_child_until_told_to_stop(
     assert not any(_alive(c.proc.pid) for c in children)
 
 
-@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+@needs_redis_server
 def test_up_starts_and_stops_an_embedded_redis(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without REDIS_URL, `up` runs its own Redis, hands its URL to the children, then stops it."""
     monkeypatch.delenv("REDIS_URL", raising=False)
@@ -230,7 +231,7 @@ def test_up_refuses_an_unreachable_redis_url(monkeypatch: pytest.MonkeyPatch) ->
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+@needs_redis_server
 def test_prefit_up_keeps_serving_while_its_killed_worker_comes_back(tmp_path: Path) -> None:
     """SIGKILL of `up`'s worker: the API answers throughout, a new worker starts; SIGTERM stops."""
     port = free_port()

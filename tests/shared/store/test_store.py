@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 
 from shared.errors import NotFound, StoreUnavailable
-from shared.redisproc import RedisProcess
+from shared.redisproc import RedisProcess, free_port
 from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryRecord
+from tests.redisbackend import needs_redis_server, require_redis_server
 from tests.shared.store.helpers import chat
 
 H = "v2:" + "0" * 32
@@ -31,16 +32,15 @@ CALLS: dict[str, Callable[[Store, str], Any]] = {
 @pytest.fixture(scope="module")
 def own_redis() -> Iterator[RedisProcess]:
     """A Redis of this module's own, so stopping it harms no other test."""
+    require_redis_server()
     with RedisProcess() as proc:
         yield proc
 
 
 @pytest.fixture(scope="module")
 def down_url() -> str:
-    """The URL of a Redis that was started and then stopped: nothing listens there now."""
-    proc = RedisProcess().start()
-    proc.stop()
-    return proc.url
+    """The URL of a loopback port nothing listens on."""
+    return f"redis://127.0.0.1:{free_port()}/0"
 
 
 def test_ping(store: Store) -> None:
@@ -92,6 +92,7 @@ def test_out_of_memory_is_store_unavailable_and_writes_nothing(
     assert not store.conversations.exists(tenant, "c")
 
 
+@needs_redis_server
 def test_appendonly_survives_kill(tenant: str) -> None:
     """With appendonly, a SIGKILLed Redis restarted on its directory still has every write."""
     with RedisProcess(appendonly=True) as proc:
