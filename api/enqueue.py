@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from shared.broker import celery_options
+from shared.broker import priority as priority_for
 from shared.errors import StoreUnavailable
 from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME, SummaryJob
 from shared.logs import get_logger
@@ -38,6 +40,9 @@ STEP_OF_BUDGET = 0.05  # growth by 5% of the budget is a new state (2 steps in t
 PRIORITY: dict[Kind, int] = {"ahead": PRIORITY_AHEAD, "stale": PRIORITY_STALE}
 
 
+RETRY_ONCE = {"max_retries": 1, "interval_start": 0, "interval_step": 0, "interval_max": 0}
+
+
 class CeleryEnqueue:
     """`send_task` on a bare Celery app; broker faults become `StoreUnavailable` quickly."""
 
@@ -52,21 +57,23 @@ class CeleryEnqueue:
                 from celery import Celery
 
                 app = Celery("prefit-api", broker=self._settings.broker, set_as_current=False)
+                # the queue declared, and priorities stored, as the workers do
+                shared = celery_options(self._settings, "api")
                 app.conf.update(
+                    shared,
                     broker_connection_timeout=1.0,
                     broker_connection_retry=False,
                     broker_transport_options={
-                        # must match the workers' (worker/app.py) so priorities land on the
-                        # lists they read; max_retries bounds reconnects when publishing
-                        "priority_steps": list(range(10)),
-                        "queue_order_strategy": "priority",
-                        "visibility_timeout": self._settings.visibility_timeout_s,
+                        **shared["broker_transport_options"],
+                        # max_retries bounds reconnects when publishing
                         "max_retries": 1,
                         "interval_start": 0,
                         "interval_step": 0.2,
                         "interval_max": 0.2,
-                        "socket_timeout": 2.0,
+                        "socket_timeout": 2.0,  # Redis
                         "socket_connect_timeout": 1.0,
+                        "read_timeout": 2.0,  # RabbitMQ (py-amqp), confirms included
+                        "write_timeout": 2.0,
                     },
                     task_serializer="json",
                 )
@@ -79,13 +86,16 @@ class CeleryEnqueue:
         _ = app.amqp.producer_pool  # loads kombu's producer machinery; connects to nothing
 
     def __call__(self, job: SummaryJob, priority: int) -> None:
+        """Publish `job`; `priority` is a rank (`shared.jobs`), 0 served first on any broker."""
         try:
             self._celery().send_task(
                 TASK_NAME,
                 kwargs=job.to_kwargs(),
                 queue=self._settings.summary_queue,
-                priority=priority,
-                retry=False,
+                priority=priority_for(priority, self._settings.broker),
+                # once, at once: a connection the broker dropped (a restart) is made again
+                retry=True,
+                retry_policy=RETRY_ONCE,
             )
         except Exception as exc:  # kombu/redis/socket errors: the broker is not there
             raise StoreUnavailable(f"broker unavailable: {type(exc).__name__}") from exc

@@ -13,7 +13,8 @@ from shared.errors import ConfigError
 
 TASK_NAME = "prefit.summarize"
 QUEUE = "summaries"
-# kombu's Redis transport serves priority 0 first (the reverse of AMQP)
+# Ranks, 0 served first: `shared.broker.priority` turns them into the broker's priorities
+# (the same numbers on Redis, which pops the lowest first; reversed on RabbitMQ)
 PRIORITY_STALE = 0  # prepare found it due and not ready: someone may be waiting
 PRIORITY_AHEAD = 6  # a summary computed ahead of time
 

@@ -33,7 +33,10 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "PREFIT_REDIS_URL"),
     )
-    broker_url: str | None = None  # defaults to redis_url
+    broker_url: str | None = None  # defaults to redis_url; amqp://... for RabbitMQ
+    # RabbitMQ: declare the summary queue with x-consumer-timeout (visibility_timeout_s). Honoured
+    # by 3.11.15 to 4.2, ignored before; 4.3.2+ refuse it on classic queues: set false there
+    rabbitmq_consumer_timeout_arg: bool = True
 
     # summarizer provider; none configured means the offline extractive summarizer
     summarizer_url: str | None = None

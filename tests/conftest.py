@@ -13,6 +13,7 @@ import pytest
 
 from shared.head import head_end
 from shared.messages import Message, groups
+from tests import brokerbackend
 from tests.redisbackend import FakeRedisServer, backend, describe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,9 +68,10 @@ def tiktoken_dir() -> Path:
     return TIKTOKEN_DIR
 
 
-def pytest_report_header() -> str:
-    """Which Redis this run uses: REDIS_URL, a throwaway redis-server, or fakeredis."""
-    return describe()
+def pytest_report_header() -> list[str]:
+    """Which Redis this run uses (REDIS_URL, a throwaway redis-server, or fakeredis) and which
+    broker the worker tests use (that Redis, or RabbitMQ)."""
+    return [describe(), brokerbackend.describe()]
 
 
 @pytest.fixture(scope="session")
@@ -91,6 +93,21 @@ def redis_url() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture
+def amqp_url() -> str:
+    """RabbitMQ's URL for tests about RabbitMQ itself (this machine kind's, unless
+    PREFIT_TEST_BROKER names another); the test skips when none answers."""
+    _, url = brokerbackend.chosen()
+    return brokerbackend.require(url or brokerbackend.LOCAL_AMQP)
+
+
+@pytest.fixture(autouse=True)
+def _forget_broker_queues() -> Iterator[None]:
+    """Delete the RabbitMQ queues the test declared (nothing to do on Redis)."""
+    yield
+    brokerbackend.forget_queues()
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ hundreds of summaries in flight cost one interpreter. Run more processes (or hos
 scale further; the per-conversation lease keeps them from duplicating work.
 
 Delivery is at least once: acks are late and a task whose worker died is handed out again
-once the visibility timeout has passed. There is no result backend: a summary's only
-product is the record the task writes to the store.
+(on Redis once the visibility timeout has passed, on RabbitMQ as soon as the worker's
+connection is gone). There is no result backend: a summary's only product is the record the
+task writes to the store. The broker is Redis or RabbitMQ (`shared.broker`).
 """
 
 from __future__ import annotations
@@ -19,19 +20,24 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
+from shared.broker import broker_kind, celery_options, consumer_timeout_note
 from shared.jobs import TASK_NAME
-from shared.logs import configure_logging
+from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, get_settings
 from worker.broker import transport_for
 from worker.runtime import Runtime
 from worker.tasks import register
 
-PRIORITY_STEPS = list(range(10))
-
 # Young-generation GC threshold of a worker process (Python's default: 700 allocations).
 # Each job allocates thousands of short-lived containers (the transcript's messages, JSON,
 # HTTP objects); at 700 the collector ran so often that it took ~9% of the worker's CPU.
 GC_THRESHOLD = 20_000
+
+# On RabbitMQ the consumer's event loop sleeps until its next timer, up to 10 s, and a SIGTERM
+# does not wake it: a warm shutdown began up to 10 s late. A timer every second bounds that.
+WAKE_S = 1.0
+
+log = get_logger(__name__)
 
 
 def restore_interval(visibility_timeout_s: int) -> int:
@@ -46,17 +52,13 @@ def restore_interval(visibility_timeout_s: int) -> int:
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery settings derived from `settings` (pure: tests inspect it)."""
     queue = settings.summary_queue
-    options = {
-        # One visibility timeout for the whole app (there is no result backend to share it).
-        "visibility_timeout": settings.visibility_timeout_s,
-        "unacked_restore_interval": restore_interval(settings.visibility_timeout_s),
-        "unacked_restore_throttle": 1,
-        # Redis has no native priorities: kombu keeps one list per step and pops lower
-        # steps first (priority 0 is served first on Redis, unlike AMQP).
-        "priority_steps": PRIORITY_STEPS,
-        "queue_order_strategy": "priority",
-    }
+    shared = celery_options(settings, "worker")  # as the API's publisher declares and sends
+    options = dict(shared.pop("broker_transport_options"))
+    if broker_kind(settings.broker) == "redis":
+        options["unacked_restore_interval"] = restore_interval(settings.visibility_timeout_s)
+        options["unacked_restore_throttle"] = 1
     config: dict[str, Any] = {
+        **shared,
         "broker_url": settings.broker,
         "broker_connection_retry_on_startup": True,
         # Celery gives up on the broker after 100 reconnects (~45 min) and the worker exits:
@@ -72,6 +74,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_ignore_result": True,
         "task_store_errors_even_if_ignored": False,
         "worker_prefetch_multiplier": 1,
+        # On a lost broker connection (RabbitMQ hands the unacknowledged tasks out again at
+        # once) the running summaries finish: the lease and the records' SET NX make the
+        # redelivered copies harmless, and their work is not wasted.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "worker_pool": "threads",
         "worker_concurrency": settings.worker_concurrency,
         "worker_send_task_events": False,
@@ -97,6 +103,21 @@ def make_app(
     return celery
 
 
+def check_consumer_timeout(consumer: Any, settings: Settings) -> None:
+    """Warn once if the RabbitMQ this worker consumes from ignores the queue's consumer timeout
+    (its deliveries would then be taken back after the server's own `consumer_timeout`)."""
+    if broker_kind(settings.broker) != "amqp":
+        return
+    try:
+        properties = consumer.connection.connection.server_properties
+        version = properties.get("version", "")
+    except AttributeError:  # not connected (yet): nothing to say
+        return
+    note = consumer_timeout_note(str(version), settings)
+    if note is not None:
+        log.warning("broker.consumer_timeout_ignored", note=note, server_version=str(version))
+
+
 settings = get_settings()
 runtime = Runtime(settings)
 app = make_app(settings, runtime=runtime)
@@ -120,9 +141,16 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     """
     if getattr(sender, "app", None) is app:
         runtime.start_reaper(app)  # an idle worker sends again what a dead one left behind
+        check_consumer_timeout(sender, settings)
+        if sender.hub is not None:  # RabbitMQ: see WAKE_S
+            sender.hub.call_repeatedly(WAKE_S, _nothing)
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def _nothing() -> None:
+    """A timer's callback: firing it is what wakes the event loop."""
 
 
 @worker_shutdown.connect  # type: ignore[untyped-decorator]

@@ -7,8 +7,10 @@ enqueues their task again by name, with the same task id (a delivery of the same
 lease its dead predecessor still held makes it wait, not end), its retries counted, and the
 priority of a job someone may be waiting for. A job lost that way runs again about
 `lease_ttl_s + reaper_interval_s` after its worker died (40 s with the defaults), whatever the
-broker's visibility timeout (an hour) and on any broker. If the broker refuses the send, the
-entry goes back, due at the next sweep.
+broker's visibility timeout (an hour) and on either broker (RabbitMQ gives a lost worker's
+tasks back at once when its connection drops; the reaper still covers a worker that hangs
+without dropping it). If the broker refuses the send, the entry goes back, due at the next
+sweep.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from shared.broker import priority
 from shared.errors import StoreUnavailable
 from shared.jobs import PRIORITY_STALE, TASK_NAME
 from shared.logs import get_logger
@@ -76,7 +79,7 @@ class Reaper:
                 kwargs=dict(ticket.kwargs),
                 task_id=ticket.task_id,
                 queue=ticket.queue,
-                priority=PRIORITY_STALE,
+                priority=priority(PRIORITY_STALE, self._app.conf.broker_url),
                 retries=ticket.retries + 1,
             )
         except Exception as exc:  # the broker is not there: back in the registry, due next sweep

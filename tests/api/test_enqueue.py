@@ -1,19 +1,27 @@
-"""Enqueueing summary jobs: by name on the broker's priority lists, deduplicated, fail-safe."""
+"""Enqueueing summary jobs: by name, on the priority lists of Redis or the queue RabbitMQ
+declares as the workers do; deduplicated, fail-safe."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import pytest
 import redis
+from kombu.connection import Connection
 
 from api.enqueue import CeleryEnqueue, SummaryTrigger, marker_for, size_step
 from shared import keys
+from shared.broker import connection_name
+from shared.errors import StoreUnavailable
 from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.redisproc import free_port
 from shared.settings import Settings
 from shared.store import Range, Store
 from shared.summaries import SummaryRecord
 from tests.api.conftest import Recorder
+from tests.brokerbackend import drop_connections, needs_rabbitmqctl, new_queue
+from worker.app import make_app
 
 
 def job(tenant: str, conv: str = "c1") -> SummaryJob:
@@ -95,3 +103,102 @@ def test_no_job_is_claimed_for_a_conversation_whose_summary_was_dead_lettered(
     record = SummaryRecord(3, "v1:" + "cd" * 16, "s")
     assert trigger.claim(job(tenant), "stale", record, step=40) is not None
     assert trigger.claim(job(tenant, "c2"), "stale", None, step=40) is not None
+
+
+def amqp_settings(amqp_url: str) -> Settings:
+    """Settings publishing to RabbitMQ, on a queue of the test's own (deleted after it)."""
+    return Settings(broker_url=amqp_url, summary_queue=new_queue(amqp_url))
+
+
+def declare_as_the_worker(settings: Settings) -> None:
+    """Declare the queue the way a starting worker does: its task consumer's declaration."""
+    app = make_app(settings)
+    try:
+        with app.connection_for_read() as conn:
+            app.amqp.TaskConsumer(conn).declare()
+    finally:
+        app.close()
+
+
+def taken_in_order(settings: Settings) -> list[str]:
+    """Take every message off the queue (acknowledged); their conversation ids, in order."""
+    ids = []
+    with Connection(settings.broker, heartbeat=0) as conn:
+        channel = conn.channel()
+        while (message := channel.basic_get(settings.summary_queue, no_ack=True)) is not None:
+            _args, kwargs, _embed = json.loads(message.body)
+            ids.append(kwargs["conversation_id"])
+    return ids
+
+
+def test_the_api_publishes_onto_a_queue_a_worker_declared_first(amqp_url: str, tenant: str) -> None:
+    """Worker first, then the API: the same arguments, so no PRECONDITION_FAILED; a stale job
+    sent after an ahead one is handed out first (RabbitMQ serves the highest priority first)."""
+    settings = amqp_settings(amqp_url)
+    declare_as_the_worker(settings)
+    enqueue = CeleryEnqueue(settings)
+    try:
+        for conv in ("ahead-1", "ahead-2"):
+            enqueue(job(tenant, conv), PRIORITY_AHEAD)
+        enqueue(job(tenant, "stale"), PRIORITY_STALE)
+    finally:
+        enqueue.close()
+    assert taken_in_order(settings) == ["stale", "ahead-1", "ahead-2"]
+
+
+def test_a_worker_declares_the_queue_the_api_created_first(amqp_url: str, tenant: str) -> None:
+    """API first (its publish declares the queue), then a starting worker: no conflict, and
+    the job waits for it."""
+    settings = amqp_settings(amqp_url)
+    enqueue = CeleryEnqueue(settings)
+    try:
+        enqueue(job(tenant), PRIORITY_AHEAD)
+    finally:
+        enqueue.close()
+    declare_as_the_worker(settings)
+    assert taken_in_order(settings) == ["c1"]
+
+
+def test_a_queue_declared_otherwise_is_refused_as_the_broker_being_unavailable(
+    amqp_url: str, tenant: str
+) -> None:
+    """What agreeing prevents: a queue someone declared with other arguments makes RabbitMQ
+    refuse the API's declaration (PRECONDITION_FAILED), and the send fails as unavailable."""
+    settings = amqp_settings(amqp_url)
+    with Connection(amqp_url, heartbeat=0) as conn:
+        conn.channel().queue_declare(
+            settings.summary_queue, durable=True, arguments={"x-max-priority": 5}
+        )
+    enqueue = CeleryEnqueue(settings)
+    try:
+        with pytest.raises(StoreUnavailable, match="PreconditionFailed"):
+            enqueue(job(tenant), PRIORITY_AHEAD)
+    finally:
+        enqueue.close()
+
+
+def test_celery_enqueue_fails_fast_without_rabbitmq(tenant: str) -> None:
+    """No RabbitMQ where the URL points: StoreUnavailable within a second or two, not a hang."""
+    settings = Settings(broker_url=f"amqp://guest:guest@127.0.0.1:{free_port()}//")
+    enqueue = CeleryEnqueue(settings)
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable):
+        enqueue(job(tenant), PRIORITY_AHEAD)
+    assert time.monotonic() - started < 5
+
+
+@needs_rabbitmqctl
+def test_the_api_publishes_again_after_rabbitmq_dropped_its_connection(
+    amqp_url: str, tenant: str
+) -> None:
+    """The publisher's pooled connection closed by the broker: the next send makes a new one
+    (one immediate retry) instead of failing."""
+    settings = amqp_settings(amqp_url)
+    enqueue = CeleryEnqueue(settings)
+    try:
+        enqueue(job(tenant, "before"), PRIORITY_AHEAD)
+        assert drop_connections(connection_name("api")) >= 1
+        enqueue(job(tenant, "after"), PRIORITY_AHEAD)
+    finally:
+        enqueue.close()
+    assert taken_in_order(settings) == ["before", "after"]

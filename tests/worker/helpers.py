@@ -13,7 +13,9 @@ from typing import Any
 
 from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun, task_prerun, task_retry
+from celery.worker import state
 
+from shared.broker import priority
 from shared.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
 from shared.messages import Message
 from shared.policy import ContextPolicy
@@ -21,6 +23,7 @@ from shared.precompute import counter_for, policy_for
 from shared.settings import Settings
 from shared.store import Store
 from shared.summarizers import render
+from tests.brokerbackend import broker_for_tests, new_queue
 from tests.fakellm import Call, FakeLLM
 
 SUMMARIZER_MODEL = "fake-summarizer"
@@ -28,12 +31,15 @@ WINDOW, RESERVE = 4000, 500  # budget 3500: `chat(30)` is over the trigger, `cha
 
 
 def worker_settings(redis_url: str, fake: FakeLLM | None, **overrides: Any) -> Settings:
-    """Settings of a worker on the suite's Redis, on a queue no other test uses."""
+    """Settings of a worker on the suite's Redis, on a queue no other test uses, on the broker
+    PREFIT_TEST_BROKER chooses (`tests.brokerbackend`: that Redis, or RabbitMQ)."""
+    broker = overrides.get("broker_url", broker_for_tests())
     values: dict[str, Any] = {
         "redis_url": redis_url,
+        "broker_url": broker,
         "summarizer_url": fake.base_url if fake is not None else None,
         "summarizer_model": SUMMARIZER_MODEL,
-        "summary_queue": f"summaries-test-{uuid.uuid4().hex[:10]}",
+        "summary_queue": new_queue(broker),
         "retention_s": 3600,
         "lease_ttl_s": 5.0,
         "summarizer_max_attempts": 2,
@@ -82,10 +88,13 @@ def policy_of(store: Store, settings: Settings, job: SummaryJob) -> ContextPolic
     return policy_for(job, settings, counter_for(store, job.tenant, job.model))
 
 
-def enqueue(app: Any, settings: Settings, job: SummaryJob, priority: int = PRIORITY_AHEAD) -> str:
-    """Send the task by name, as the API does; returns the task id."""
+def enqueue(app: Any, settings: Settings, job: SummaryJob, rank: int = PRIORITY_AHEAD) -> str:
+    """Send the task by name at a priority rank (0 first), as the API does; returns its id."""
     result = app.send_task(
-        TASK_NAME, kwargs=job.to_kwargs(), queue=settings.summary_queue, priority=priority
+        TASK_NAME,
+        kwargs=job.to_kwargs(),
+        queue=settings.summary_queue,
+        priority=priority(rank, settings.broker),
     )
     return str(result.id)
 
@@ -165,12 +174,24 @@ def running_worker(app: Any, concurrency: int = 8) -> Iterator[TaskRuns]:
             perform_ping_check=False,
             loglevel="WARNING",
             shutdown_timeout=30,
-        ):
-            yield runs
+        ) as worker:
+            try:
+                yield runs
+            finally:
+                stop_promptly(worker)
     finally:
         task_prerun.disconnect(runs.on_prerun)
         task_postrun.disconnect(runs.on_postrun)
         task_retry.disconnect(runs.on_retry)
+
+
+def stop_promptly(worker: Any) -> None:
+    """Ask an in-process worker to stop, and wake its event loop to see it: on RabbitMQ the
+    loop sleeps until its next timer, up to 10 s (on Redis, BRPOP wakes it every second)."""
+    state.should_terminate = 0  # what start_worker sets when its block ends
+    hub = getattr(worker, "hub", None)
+    if hub is not None:
+        hub.call_soon(lambda: None)
 
 
 def new_messages_of(call: Call) -> str:

@@ -16,7 +16,7 @@ from tests.worker.helpers import SUMMARIZER_MODEL
 
 def worker_env(settings: Settings, concurrency: int) -> dict[str, str]:
     """The environment that makes `celery -A worker.app worker` run with `settings`."""
-    return {
+    env = {
         **os.environ,
         "REDIS_URL": settings.redis_url,
         "PREFIT_SUMMARIZER_URL": settings.summarizer_url or "",
@@ -28,6 +28,10 @@ def worker_env(settings: Settings, concurrency: int) -> dict[str, str]:
         "PREFIT_WORKER_CONCURRENCY": str(concurrency),
         "PREFIT_LOG_JSON": "true",
     }
+    env.pop("PREFIT_BROKER_URL", None)  # the store's Redis unless the settings name a broker
+    if settings.broker_url is not None:
+        env["PREFIT_BROKER_URL"] = settings.broker_url
+    return env
 
 
 def start_worker_process(

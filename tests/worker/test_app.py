@@ -1,12 +1,17 @@
-"""The Celery app: delivery guarantees, one visibility timeout, priorities, threads, no results."""
+"""The Celery app: delivery guarantees, one visibility timeout, priorities, threads, no results,
+on a Redis or a RabbitMQ broker."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+import structlog
 from celery.app.utils import find_app
 
+from shared.broker import celery_options
 from shared.jobs import TASK_NAME
 from shared.settings import Settings
-from worker.app import celery_config, make_app, restore_interval
+from worker.app import celery_config, check_consumer_timeout, make_app, restore_interval
 
 
 def test_delivery_is_at_least_once_with_late_acks() -> None:
@@ -66,3 +71,39 @@ def test_command_line_finds_the_app() -> None:
 
     found = find_app("worker.app")
     assert found is app and TASK_NAME in found.tasks
+
+
+def test_on_rabbitmq_the_worker_declares_the_queue_as_the_api_does() -> None:
+    """An amqp:// broker: the queue is declared with the shared arguments (priorities, consumer
+    timeout), publishes are confirmed, and none of the Redis transport's options is set."""
+    settings = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//", summary_queue="sums-a")
+    config = celery_config(settings)
+    assert config["task_queues"] == celery_options(settings, "api")["task_queues"]
+    options = config["broker_transport_options"]
+    assert options["confirm_publish"] is True
+    assert options["client_properties"]["connection_name"].startswith("prefit-worker ")
+    assert config["task_default_queue"] == "sums-a" and "broker_transport" not in config
+    assert config["worker_prefetch_multiplier"] == 1 and config["task_acks_late"] is True
+
+
+def test_on_redis_the_queue_needs_no_declaration() -> None:
+    """The Redis broker keeps its priority lists and redelivery sweep, and no queue arguments."""
+    config = celery_config(Settings(redis_url="redis://127.0.0.1:7/3"))
+    assert "task_queues" not in config
+    options = config["broker_transport_options"]
+    assert options["priority_steps"] == list(range(10)) and options["unacked_restore_throttle"] == 1
+
+
+def test_a_worker_on_an_old_rabbitmq_warns_that_the_consumer_timeout_is_ignored() -> None:
+    """At start-up the worker reads the server's version: before 3.11.15 the queue's consumer
+    timeout is ignored, and it says which broker-wide setting takes its place."""
+    amqp = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672//", visibility_timeout_s=600)
+    for version, warned in (("3.10.8", True), ("3.13.7", False)):
+        server = SimpleNamespace(server_properties={"version": version})
+        consumer = SimpleNamespace(connection=SimpleNamespace(connection=server))
+        with structlog.testing.capture_logs() as logs:
+            check_consumer_timeout(consumer, amqp)
+            check_consumer_timeout(consumer, Settings())  # a Redis broker: nothing to check
+        events = [e for e in logs if e["event"] == "broker.consumer_timeout_ignored"]
+        assert len(events) == (1 if warned else 0)
+        assert all("consumer_timeout = 600000" in e["note"] for e in events)

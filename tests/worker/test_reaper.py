@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from shared.redisproc import free_port
 from shared.store import Store, Ticket
+from tests.brokerbackend import unreachable_broker
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import chat, job_for, running_worker, wait_until, worker_settings
 from worker.app import make_app
@@ -40,7 +40,7 @@ def test_a_job_the_broker_refuses_waits_for_the_next_sweep(
     store: Store, redis_url: str, tenant: str
 ) -> None:
     """With the broker down the entry goes back to the registry instead of being lost."""
-    settings = worker_settings(redis_url, None, broker_url=f"redis://127.0.0.1:{free_port()}/0")
+    settings = worker_settings(redis_url, None, broker_url=unreachable_broker())
     ticket = Ticket("lost-task-2", settings.summary_queue, {"tenant": tenant}, retries=0)
     store.inflight.register(ticket, 0.01)
     time.sleep(0.05)

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 import redis
+from kombu.connection import Connection
 
+from shared.broker import broker_kind
 from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME
 from shared.llm import Completion
 from shared.messages import Message
@@ -160,34 +162,34 @@ def test_unexpected_error_is_dead_lettered_without_its_message(
     assert store.records.list(tenant, "c1") == []
 
 
-def redeliver(redis_url: str, queue: str) -> None:
-    """Flag the queued message as the broker flags one whose worker died (kombu's restore)."""
-    client = redis.Redis.from_url(redis_url)
+def redeliver(settings: Settings) -> None:
+    """Have the queued message flagged as the broker flags one whose worker died: on RabbitMQ
+    for real (a consumer takes it and leaves without acking), on Redis as kombu's restore does."""
+    if broker_kind(settings.broker) == "amqp":
+        with Connection(settings.broker, heartbeat=0) as conn:
+            taken = conn.channel().basic_get(settings.summary_queue, no_ack=False)
+            assert taken is not None, "no message queued"
+        return  # the connection closed with the message unacknowledged: RabbitMQ requeues it
+    client = redis.Redis.from_url(settings.broker)
     try:
-        raw = client.rpop(queue)
+        raw = client.rpop(settings.summary_queue)
         assert isinstance(raw, bytes), "no message queued"
         message = json.loads(raw)
         message["headers"]["redelivered"] = True
         message["properties"]["delivery_info"]["redelivered"] = True
-        client.rpush(queue, json.dumps(message))
+        client.rpush(settings.summary_queue, json.dumps(message))
     finally:
         client.close()
 
 
 def test_a_redelivery_counts_as_an_attempt(
-    store: Store,
-    redis_url: str,
-    settings: Settings,
-    fake: FakeLLM,
-    tenant: str,
-    model: str,
-    app_for: AppFor,
+    store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
 ) -> None:
     """A redelivered message is turned into a retry (so it is counted), then runs normally."""
     store.conversations.append(tenant, "c1", chat(30))
     app = app_for(settings)
-    task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), priority=0)
-    redeliver(redis_url, settings.summary_queue)
+    task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), rank=PRIORITY_STALE)
+    redeliver(settings)
     with running_worker(app) as runs:
         (outcome,) = runs.wait([task_id])
     assert [r.countdown for r in runs.retried] == [0.0]
@@ -201,8 +203,8 @@ def test_redeliveries_beyond_the_limit_are_dead_lettered(
     settings = worker_settings(redis_url, fake, max_redeliveries=0)
     store.conversations.append(tenant, "c1", chat(30))
     app = app_for(settings)
-    task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), priority=0)
-    redeliver(redis_url, settings.summary_queue)
+    task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), rank=PRIORITY_STALE)
+    redeliver(settings)
     with running_worker(app) as runs:
         (outcome,) = runs.wait([task_id])
     assert outcome["status"] == "dead_letter" and runs.retried == [] and fake.calls == []
