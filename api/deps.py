@@ -26,6 +26,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 
 from api.auth import KeyRing
+from api.broker import BrokerCheck, broker_check
 from api.cache import ConversationCache
 from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
@@ -36,7 +37,6 @@ from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
 from shared.store import Store
-from shared.store.client import connect
 from shared.store.increments import AsyncIncrements, Increments
 from shared.store.lookup import RecordLookup
 from shared.store.tally import Tally
@@ -79,7 +79,7 @@ class Services:
     enqueue: Enqueue
     metrics: Metrics = field(default_factory=Metrics)
     base: HeuristicCounter = field(default_factory=HeuristicCounter)
-    _broker: Any = None
+    _broker: BrokerCheck | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _aclients: dict[asyncio.AbstractEventLoop, AsyncIncrements] = field(default_factory=dict)
 
@@ -99,7 +99,6 @@ class Services:
         )
         self.metrics.watch_store(
             StoreCollector(
-                queue=self.settings.summary_queue,
                 broker=self.broker,
                 usage=self.store.usage.get,
                 tenants=self.keyring.tenants,
@@ -163,14 +162,12 @@ class Services:
             await found.aclose()
         await self.transport.aclose()
 
-    def broker(self) -> Any:
-        """A Redis client on the broker (for readiness and queue depth), made on first use."""
+    def broker(self) -> BrokerCheck:
+        """The broker's check (readiness and queue depth; Redis or RabbitMQ), made on first use."""
         with self._lock:
             if self._broker is None:  # readiness and scrapes: a quarter of the deadline
                 quarter = self.settings.request_deadline_s / 4
-                self._broker = connect(
-                    self.settings.broker, socket_timeout=quarter, connect_timeout=quarter
-                )
+                self._broker = broker_check(self.settings, quarter)
             return self._broker
 
     def close(self, *, close_store: bool = True) -> None:

@@ -1,9 +1,10 @@
 """Prometheus metrics of one app, on a registry of its own (so apps in one process do not clash).
 
-Request-level numbers come from the canonical request log record; queue depth and LLM usage
-are read from Redis when scraped (LLEN of the broker's summary lists, the usage counters of
-every configured tenant). A scrape with Redis down reports `prefit_store_up 0` and the
-request metrics; it never fails.
+Request-level numbers come from the canonical request log record; LLM usage is read from
+Redis when scraped (the usage counters of every configured tenant), the summary queue's depth
+from the broker (Redis or RabbitMQ: `api.broker`). A scrape with Redis down reports
+`prefit_store_up 0` and the request metrics, one with the broker down `prefit_broker_up 0`
+without the depth; it never fails.
 
 Tenant names are not public: a scrape shows LLM usage summed over tenants, and per tenant
 (`prefit_tenant_*`, labelled `tenant`) only when it presents `PREFIT_METRICS_TOKEN` as a
@@ -18,8 +19,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from api.broker import BrokerCheck
 from api.logging import RequestLog
-from shared import keys
 from shared.logs import get_logger
 from shared.store.breaker import BreakerState
 
@@ -149,21 +150,19 @@ class Metrics:
 
 
 class StoreCollector:
-    """Scrape-time numbers from Redis: summary queue depth, LLM usage (summed, and per tenant
-    for `view(per_tenant=True)`) and the summarizer breakers."""
+    """Scrape-time numbers from Redis: LLM usage (summed, and per tenant for
+    `view(per_tenant=True)`) and the summarizer breakers; and the broker's summary queue depth."""
 
     def __init__(
         self,
         *,
-        queue: str,
-        broker: Callable[[], Any],
+        broker: Callable[[], BrokerCheck],
         usage: Callable[[str], Any],
         tenants: Sequence[str],
         per_tenant: bool = False,
         reachable: bool = True,
         breakers: Callable[[], Sequence[BreakerState]] | None = None,
     ) -> None:
-        self._queue = queue
         self._broker = broker
         self._usage = usage
         self._tenants = list(tenants)
@@ -174,7 +173,6 @@ class StoreCollector:
     def view(self, *, per_tenant: bool, reachable: bool = True) -> StoreCollector:
         """This collector for one scrape (with or without tenant names; Redis or not)."""
         return StoreCollector(
-            queue=self._queue,
             broker=self._broker,
             usage=self._usage,
             tenants=self._tenants,
@@ -188,9 +186,6 @@ class StoreCollector:
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("prefit_store_up", "1 if Redis answered this scrape")
-        depth = GaugeMetricFamily(
-            "prefit_summary_queue_depth", "summary jobs waiting in the broker"
-        )
         usage = _Usage(self._per_tenant)
         breaker = GaugeMetricFamily(
             "prefit_summarizer_breaker_open",
@@ -201,10 +196,6 @@ class StoreCollector:
         try:
             if not self._reachable:
                 raise TimeoutError("redis did not answer within the scrape's time")
-            pipe = self._broker().pipeline(transaction=False)
-            for key in keys.broker_queues(self._queue):
-                pipe.llen(key)
-            depth.add_metric([], float(sum(int(n) for n in pipe.execute())))
             for tenant in self._tenants:
                 usage.add(tenant, self._usage(tenant))
             for state in self._breakers() if self._breakers is not None else ():
@@ -215,9 +206,27 @@ class StoreCollector:
         up.add_metric([], ok)
         yield up
         if ok:
-            yield depth
             yield from usage.families()
             yield breaker
+        if self._reachable:  # past the scrape's time: the broker is not asked either
+            yield from self._queue_depth()
+
+    def _queue_depth(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("prefit_broker_up", "1 if the broker answered this scrape")
+        try:
+            waiting = self._broker().depth()
+        except Exception as exc:  # the broker (Redis or RabbitMQ) is down: no depth to report
+            log.warning("metrics.broker_unavailable", error=type(exc).__name__)
+            up.add_metric([], 0.0)
+            yield up
+            return
+        up.add_metric([], 1.0)
+        yield up
+        depth = GaugeMetricFamily(
+            "prefit_summary_queue_depth", "summary jobs waiting in the broker"
+        )
+        depth.add_metric([], float(waiting))
+        yield depth
 
 
 class _Usage:
