@@ -1,4 +1,5 @@
-"""End to end over real HTTP: uvicorn, real Redis, the real Celery worker, the real enqueue."""
+"""End to end over real HTTP: uvicorn, real Redis, the real Celery worker, the real enqueue,
+on the Redis broker and on RabbitMQ."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from shared.settings import Settings
 from tests.api.conftest import make_settings
 from tests.api.helpers import conv_id
 from tests.api.server import serve
+from tests.brokerbackend import new_queue
 from tests.conftest import TRANSCRIPTS, load_transcript, needs_transcripts
+from tests.worker.helpers import stop_promptly
 from worker.app import make_app
 from worker.runtime import Runtime
 
@@ -27,12 +30,17 @@ WINDOW, RESERVE = 34_000, 2_000
 
 
 @pytest.fixture
-def e2e_settings(redis_url: str) -> Settings:
+def e2e_settings(request: pytest.FixtureRequest, redis_url: str) -> Settings:
+    """The store on the suite's Redis; the broker that Redis, or RabbitMQ with the
+    parameter `amqp` (skipped when none answers)."""
     a, b = f"ea-{uuid.uuid4().hex[:8]}", f"eb-{uuid.uuid4().hex[:8]}"
     model = f"model-{uuid.uuid4().hex[:8]}"
+    broker = (
+        request.getfixturevalue("amqp_url") if getattr(request, "param", "") == "amqp" else None
+    )
     settings = make_settings(
         redis_url, model, api_keys=f"{a}:key-a-{a},{b}:key-b-{b}", chunk_tokens=8000,
-        lease_ttl_s=5.0, worker_concurrency=4,
+        lease_ttl_s=5.0, worker_concurrency=4, broker_url=broker, summary_queue=new_queue(broker),
     )  # fmt: skip
     settings.models[model].max_input_tokens = WINDOW
     settings.models[model].reserve_output = RESERVE
@@ -67,10 +75,13 @@ def stack(e2e_settings: Settings) -> Iterator[tuple[str, Settings, Finished]]:
     try:
         with (
             start_worker(worker, pool="threads", concurrency=4, perform_ping_check=False,
-                         loglevel="WARNING", shutdown_timeout=30),
+                         loglevel="WARNING", shutdown_timeout=30) as running,
             serve(create_app(e2e_settings)) as url,
         ):  # fmt: skip
-            yield url, e2e_settings, finished
+            try:
+                yield url, e2e_settings, finished
+            finally:
+                stop_promptly(running)
     finally:
         task_postrun.disconnect(finished.on_postrun)
         runtime.close()
@@ -104,10 +115,12 @@ def _settled(client: httpx.Client, finished: Finished) -> bool:
 
 
 @needs_transcripts
+@pytest.mark.parametrize("e2e_settings", ["redis", "amqp"], indirect=True)
 def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
     stack: tuple[str, Settings, Finished],
 ) -> None:
     """Appends trigger the workers; each prepare finds its summary ready; no LLM in prepare.
+    The same on either broker: the store's Redis, or RabbitMQ.
 
     The user pauses after each turn until the workers are idle (a deterministic stand-in
     for think time), so what is asserted does not depend on the machine's speed.

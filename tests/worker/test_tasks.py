@@ -26,6 +26,7 @@ from tests.worker.helpers import (
     policy_of,
     running_worker,
     summarized_range,
+    wait_until,
     worker_settings,
 )
 
@@ -238,3 +239,23 @@ def test_stale_jobs_are_served_before_ahead_of_time_ones(
     with running_worker(app, concurrency=1) as runs:
         runs.wait([*ahead, stale])
     assert runs.started[0] == stale
+
+
+def test_a_stale_job_overtakes_ahead_jobs_queued_while_the_worker_was_busy(
+    store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
+) -> None:
+    """Prefetch 1: a worker busy with a summary holds no other message, so a stale job sent
+    after a batch of ahead-of-time ones is the next it runs; the batch follows in order."""
+    fake.delay = 1.0  # the first job is inside its LLM call while the others are sent
+    store.conversations.append(tenant, "busy", chat(30, tag="busy"))
+    waiting = [f"ahead-{i}" for i in range(5)]
+    for conv in [*waiting, "stale"]:
+        store.conversations.append(tenant, conv, chat(4, tag=conv))
+    app = app_for(settings)
+    with running_worker(app, concurrency=1) as runs:
+        first = enqueue(app, settings, job_for(store, tenant, "busy", model), PRIORITY_AHEAD)
+        wait_until(lambda: len(fake.calls) == 1, 10, "the worker to be busy")
+        ahead = [enqueue(app, settings, job_for(store, tenant, c, model)) for c in waiting]
+        stale = enqueue(app, settings, job_for(store, tenant, "stale", model), PRIORITY_STALE)
+        runs.wait([first, *ahead, stale])
+    assert runs.started == [first, stale, *ahead]
