@@ -3,10 +3,12 @@ on the Redis broker and on RabbitMQ."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,10 +20,11 @@ from api.app import create_app
 from shared.settings import Settings
 from tests.api.conftest import make_settings
 from tests.api.helpers import conv_id
-from tests.api.server import serve
+from tests.api.server import serve, serve_process
 from tests.brokerbackend import new_queue
 from tests.conftest import TRANSCRIPTS, load_transcript, needs_transcripts
 from tests.worker.helpers import stop_promptly
+from tests.worker.processes import end, start_worker_process, worker_env
 from worker.app import make_app
 from worker.runtime import Runtime
 
@@ -105,44 +108,55 @@ def _total(metrics: str, name: str) -> float:
     )
 
 
-def _settled(client: httpx.Client, finished: Finished) -> bool:
-    """Every job the API claimed is published, and every published one has run to its end."""
-    m = client.get("/metrics").text
-    claimed = _total(m, "prefit_summary_claims_total")
-    sent = _total(m, "prefit_summaries_enqueued_total")
-    done = sent + _total(m, "prefit_summary_enqueue_failures_total")
-    return claimed == done and finished.count() >= sent
+def _settled(clients: list[httpx.Client], finished: Callable[[], int]) -> bool:
+    """Every job each API claimed is published, and every published one has run to its end."""
+    sent = 0.0
+    for client in clients:
+        m = client.get("/metrics").text
+        published = _total(m, "prefit_summaries_enqueued_total")
+        failed = _total(m, "prefit_summary_enqueue_failures_total")
+        if _total(m, "prefit_summary_claims_total") != published + failed:
+            return False
+        sent += published
+    return finished() >= sent
 
 
-@needs_transcripts
-@pytest.mark.parametrize("e2e_settings", ["redis", "amqp"], indirect=True)
-def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
-    stack: tuple[str, Settings, Finished],
-) -> None:
-    """Appends trigger the workers; each prepare finds its summary ready; no LLM in prepare.
-    The same on either broker: the store's Redis, or RabbitMQ.
+def replay(urls: list[str], settings: Settings, finished: Callable[[], int]) -> list[Any]:
+    """The real transcript appended turn by turn, each turn through the next API in `urls` and
+    prepared through the one after it; returns each prepare's report, the conversation, and
+    the last API's metrics.
 
     The user pauses after each turn until the workers are idle (a deterministic stand-in
     for think time), so what is asserted does not depend on the machine's speed.
     """
-    url, settings, finished = stack
     [model] = settings.models
     msgs = load_transcript(TRANSCRIPTS / NAME)["messages"]
     cid = conv_id()
     reports = []
-    with _client(url, settings, 0) as client:
+    clients = [_client(url, settings, 0) for url in urls]
+    try:
         for i, message in enumerate(msgs):
-            r = client.post(
+            r = clients[i % len(clients)].post(
                 f"/v1/conversations/{cid}/messages",
                 json={"messages": [message], "model": model, "expected_length": i},
             )
             assert r.status_code == 200, r.text
-            _wait(lambda: _settled(client, finished))
-            p = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model})
+            _wait(lambda: _settled(clients, finished))
+            preparing = clients[(i + 1) % len(clients)]
+            p = preparing.post(f"/v1/conversations/{cid}/prepare", json={"model": model})
             assert p.status_code == 200, p.text
             reports.append(p.json()["report"])
-        info = client.get(f"/v1/conversations/{cid}").json()
-        metrics = client.get("/metrics").text
+        info = clients[0].get(f"/v1/conversations/{cid}").json()
+        metrics = [c.get("/metrics").text for c in clients]
+    finally:
+        for client in clients:
+            client.close()
+    return [reports, info, metrics]
+
+
+def check_served_from_summaries(reports: list[Any], info: Any, metrics: list[str]) -> None:
+    """Each prepare past the trigger found its summary ready; the cut advanced; the summaries
+    were all asked for ahead of time, none by a stale prepare."""
     over = [r for r in reports if r["tokens_before"] > r["trigger_tokens"]]
     assert len(over) > 10, "the transcript must outgrow the trigger"
     assert all(r["summary"] is not None and not r["stale"] for r in over)
@@ -151,8 +165,57 @@ def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
     assert {s["summarizer"] for s in info["summaries"]} == {"extractive"}
     assert len(info["summaries"]) >= 2  # the cut advanced as the conversation grew
     assert any(s["upto"] == final["summary"]["upto"] for s in info["summaries"])
-    assert _total(metrics, 'prefit_summaries_enqueued_total{kind="ahead"}') >= 2
-    assert _total(metrics, 'prefit_summaries_enqueued_total{kind="stale"}') == 0
+    ahead = sum(_total(m, 'prefit_summaries_enqueued_total{kind="ahead"}') for m in metrics)
+    assert ahead >= 2
+    assert sum(_total(m, 'prefit_summaries_enqueued_total{kind="stale"}') for m in metrics) == 0
+
+
+@needs_transcripts
+@pytest.mark.parametrize("e2e_settings", ["redis", "amqp"], indirect=True)
+def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
+    stack: tuple[str, Settings, Finished],
+) -> None:
+    """Appends trigger the workers; each prepare finds its summary ready; no LLM in prepare.
+    The same on either broker: the store's Redis, or RabbitMQ."""
+    url, settings, finished = stack
+    check_served_from_summaries(*replay([url], settings, finished.count))
+
+
+@needs_transcripts
+def test_two_api_processes_and_two_worker_processes_serve_the_same_conversation(
+    e2e_settings: Settings, tmp_path: Path
+) -> None:
+    """Two API processes and two worker processes on one Redis (store and broker): turns go
+    to either API, each prepare goes to the other (whose cache must see the other's append),
+    both workers compete for the jobs, each job runs once, and every prepare past the trigger
+    is served from summaries made ahead."""
+    settings = e2e_settings
+    env = {
+        "PREFIT_API_KEYS": settings.api_keys,
+        "PREFIT_MODELS": json.dumps({m: w.model_dump() for m, w in settings.models.items()}),
+        "PREFIT_CHUNK_TOKENS": str(settings.chunk_tokens),
+        "PREFIT_RETENTION_S": str(settings.retention_s),
+    }
+    logs = [tmp_path / f"worker-{i}.log" for i in range(2)]
+    workers = [start_worker_process(settings, f"w{i}", log, env=env) for i, log in enumerate(logs)]
+    try:
+        with (
+            serve_process({**worker_env(settings, 1), **env}, tmp_path / "api-0.log") as first,
+            serve_process({**worker_env(settings, 1), **env}, tmp_path / "api-1.log") as second,
+        ):
+            found = replay([first, second], settings, lambda: _finished_in(logs))
+    finally:
+        for proc in workers:
+            end(proc)
+    check_served_from_summaries(*found)
+    sent = sum(_total(m, "prefit_summaries_enqueued_total") for m in found[2])
+    assert _finished_in(logs) == sent  # each job run once, by one of the two workers
+    assert all(" ready." in log.read_text() for log in logs)  # both were consuming
+
+
+def _finished_in(logs: list[Path]) -> int:
+    """Summary tasks run to their end, as the worker processes logged them."""
+    return sum(log.read_text().count('"summary.task_finished"') for log in logs if log.exists())
 
 
 def test_tenant_b_gets_404_for_tenant_a_over_http(stack: tuple[str, Settings, Finished]) -> None:
