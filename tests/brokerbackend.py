@@ -157,3 +157,16 @@ def _delete(conn: Any, name: str) -> None:
     finally:
         if channel.is_open:
             channel.close()
+
+
+def main() -> int:
+    """`python -m tests.brokerbackend`: exit 1, saying why, unless RabbitMQ answers (CI runs
+    this first, so a RabbitMQ missing there fails the run instead of skipping its tests)."""
+    _, url = chosen()
+    why = answers(url or LOCAL_AMQP)
+    print(why or f"RabbitMQ answers at {redact(url or LOCAL_AMQP)}")
+    return 1 if why else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
