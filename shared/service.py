@@ -278,9 +278,9 @@ def _banner(
         where = f"embedded redis-server, AOF in {opts.redis_dir}"
     _say(out, f"API on http://{opts.host}:{opts.port} ({opts.workers} process(es))")
     _say(out, f"redis {_redact(redis_url)} ({where})")
-    _say(
-        out, f"worker: concurrency {settings.worker_concurrency}, queue {settings.summary_queue!r}"
-    )
+    broker = _redact(settings.broker_url) if settings.broker_url else "the store's Redis"
+    queue = f"queue {settings.summary_queue!r} on {broker}"
+    _say(out, f"worker: concurrency {settings.worker_concurrency}, {queue}")
     _say(out, f"summarizer: {describe_summarizer(settings)}")
     if not settings.models:
         _say(
