@@ -24,6 +24,7 @@ import socket
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from shared.errors import ConfigError
 from shared.settings import Settings
 
 BrokerKind = Literal["redis", "amqp"]
@@ -42,7 +43,7 @@ def broker_kind(url: str) -> BrokerKind:
 def priority(rank: int, broker_url: str) -> int:
     """The message priority that serves `rank` (0 first, MAX_PRIORITY last) in rank order."""
     if not 0 <= rank <= MAX_PRIORITY:
-        raise ValueError(f"priority rank {rank} outside 0..{MAX_PRIORITY}")
+        raise ConfigError(f"priority rank {rank} outside 0..{MAX_PRIORITY}")
     return MAX_PRIORITY - rank if broker_kind(broker_url) == "amqp" else rank
 
 

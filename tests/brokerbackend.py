@@ -19,21 +19,20 @@ import shutil
 import subprocess
 import uuid
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 
-from shared.broker import broker_kind
+from shared.broker import BrokerKind, broker_kind
 
 SWITCH = "PREFIT_TEST_BROKER"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
-Kind = Literal["redis", "amqp"]
 
 _queues: list[tuple[str, str]] = []  # (broker URL, queue) declared by tests on RabbitMQ
 
 
 @cache
-def chosen() -> tuple[Kind, str | None]:
+def chosen() -> tuple[BrokerKind, str | None]:
     """The switch: the broker kind and, for `amqp`, the RabbitMQ URL."""
     switch = os.environ.get(SWITCH, "").strip()
     if switch in ("", "redis"):

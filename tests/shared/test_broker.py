@@ -15,6 +15,7 @@ from shared.broker import (
     priority,
     queue_arguments,
 )
+from shared.errors import ConfigError
 from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE
 from shared.settings import Settings
 
@@ -44,7 +45,7 @@ def test_a_stale_job_is_served_first_on_either_broker() -> None:
 def test_a_rank_outside_the_queues_priorities_is_refused() -> None:
     """RabbitMQ would cap a priority over x-max-priority silently; a bad rank raises instead."""
     for bad in (-1, MAX_PRIORITY + 1):
-        with pytest.raises(ValueError, match=r"outside 0\.\.9"):
+        with pytest.raises(ConfigError, match=r"outside 0\.\.9"):
             priority(bad, AMQP)
 
 
