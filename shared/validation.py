@@ -50,16 +50,23 @@ class ValidatedPrefixes(Generic[_T]):
         return self.validate_with(transcript, None)[0]
 
     def validate_with(
-        self, transcript: Any, grow: Callable[[_T | None, list[Message]], _T] | None
+        self,
+        transcript: Any,
+        grow: Callable[[_T | None, list[Message]], _T] | None,
+        conversation: Hashable | None = None,
     ) -> tuple[list[Message], _T | None]:
         """`validate(transcript)`, and the conversation's state grown to it by `grow`.
 
-        The state is None when the transcript is not remembered (not a list, too long).
+        `conversation` names the entry to check against (a store's tenant and id): without
+        it, transcripts that open alike share one. Either way the entry is used only when the
+        transcript equals it by content, so a name decides what is remembered, never what is
+        accepted. The state is None when the transcript is not remembered (not a list, too
+        long).
         """
         msgs = validate(transcript[:2]) if isinstance(transcript, list | tuple) else None
         if msgs is None or type(transcript) is not list or not transcript:
             return validate(transcript), None
-        key = _key(transcript)
+        key = _key(transcript) if conversation is None else (_NAMED, conversation)
         if key is None:
             return validate(transcript), None
         with self._lock:
@@ -91,6 +98,9 @@ class ValidatedPrefixes(Generic[_T]):
         while len(self._memo) > self.max_conversations:
             self._memo.popitem(last=False)
         return entry.state
+
+
+_NAMED = object()  # tags the entries named by the caller: never equal to an opening's key
 
 
 def _extends(transcript: list[Message], copies: list[Any]) -> bool:

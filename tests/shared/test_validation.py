@@ -116,3 +116,33 @@ def test_a_failing_grow_forgets_the_conversation() -> None:
     with pytest.raises(RuntimeError):
         memo.validate_with([*msgs, {"role": "user", "content": "b"}], broken)
     assert memo.validate_with(msgs, lambda s, m: s if s is not None else [-1])[1] == [-1]
+
+
+def test_named_conversations_that_open_alike_are_remembered_apart() -> None:
+    """Two conversations with one opening, named, each keep their state between calls."""
+    memo: ValidatedPrefixes[str] = ValidatedPrefixes()
+    opening = [{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}]
+    a, b = [*opening, *turn(0)], [*opening, *turn(1)]
+    given: list[str | None] = []
+
+    def grow(state: str | None, msgs: list[dict[str, Any]]) -> str:
+        given.append(state)
+        return str(msgs[-1]["content"])
+
+    for name in ("a", "b", "a", "b"):
+        memo.validate_with(a if name == "a" else b, grow, ("tenant", name))
+    assert given == [None, None, "out 0", "out 1"]
+    given.clear()
+    for msgs in (a, b, a):  # unnamed, they share the opening's entry and evict each other
+        memo.validate_with(msgs, grow)
+    assert given == [None, None, None]
+
+
+def test_a_name_never_lets_other_content_pass() -> None:
+    """A transcript under a name remembered for other messages is checked in full."""
+    memo = ValidatedPrefixes()
+    msgs = [{"role": "user", "content": "task"}, *turn(0)]
+    memo.validate_with(msgs, None, "chat-1")
+    broken = [{"role": "user", "content": "task"}, turn(0)[1], turn(0)[0]]
+    with pytest.raises(InvalidTranscript, match="message 1"):
+        memo.validate_with(broken, None, "chat-1")
