@@ -19,9 +19,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from api.proxy.codec import dumps
 from shared.errors import NotFound
 from shared.hashing import canonical
 from shared.messages import Message
+from shared.policy import ContextPolicy
 from shared.store.chain import EMPTY, extend_chain
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.summaries import SummaryRecord
@@ -39,6 +41,9 @@ class Loaded:
     hashes: list[str]
     weight: int
     _by_id: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
+    _regions: dict[tuple[bool, int], tuple[int, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def length(self) -> int:
@@ -54,12 +59,20 @@ class Loaded:
             self.weight + sum(map(len, raw)),
         )
 
-    def encoded(self, message: Message) -> bytes:
-        """The JSON of `message`: its stored bytes when it is one of ours, unchanged."""
+    def array(self, messages: Sequence[Message]) -> bytes:
+        """The JSON array of `messages`: each one of ours, unchanged, as its stored bytes."""
         if not self._by_id:
             self._by_id.update(zip(map(id, self.messages), self.raw, strict=True))
-        found = self._by_id.get(id(message))
-        return found if found is not None else canonical(message)
+        stored = self._by_id.get
+        return b"[" + b",".join([stored(id(m)) or dumps(m) for m in messages]) + b"]"
+
+    def regions(self, policy: ContextPolicy) -> tuple[int, int]:
+        """`policy.regions` of these messages, found once per snapshot (an O(n) pass)."""
+        key = (policy.keep_first_user, policy.keep_recent)
+        found = self._regions.get(key)
+        if found is None:
+            found = self._regions[key] = policy.regions(self.messages)
+        return found
 
 
 EMPTY_LOADED = Loaded([], [], [EMPTY], 0)

@@ -7,11 +7,11 @@ the way in and back on the way out. Error indices name the messages as the clien
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from api.cache import Loaded
+from api.proxy.codec import dumps
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic, tools_from_anthropic
 from shared.messages import Message, ToolSpec, validate
@@ -64,13 +64,8 @@ def prepared_body(
     loaded: Loaded | None = None,
 ) -> bytes:
     """The JSON answer of a prepare; stored messages are emitted as their stored bytes."""
-    tail = json.dumps({"tokens": tokens, "report": report}, ensure_ascii=False)[1:]
     if format == "anthropic":
         system, converted = to_anthropic(messages)
-        body = {"messages": converted, "system": system, "tokens": tokens, "report": report}
-        return json.dumps(body, ensure_ascii=False).encode()
-    if loaded is None:
-        encoded = json.dumps(list(messages), ensure_ascii=False).encode()
-    else:
-        encoded = b"[" + b",".join(loaded.encoded(m) for m in messages) + b"]"
-    return b'{"messages":' + encoded + b"," + tail.encode()
+        return dumps({"messages": converted, "system": system, "tokens": tokens, "report": report})
+    encoded = dumps(list(messages)) if loaded is None else loaded.array(messages)
+    return b'{"messages":' + encoded + b"," + dumps({"tokens": tokens, "report": report})[1:]

@@ -122,8 +122,8 @@ class Preparer:
         """
         if counter is None:
             counter = await self._counter(tenant, window.model)
-        policy = make_policy(self.svc.settings, window, counter)
-        _, tail = policy.regions(loaded.messages)
+        policy = self.svc.policies.get(window, counter)
+        _, tail = loaded.regions(policy)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
             best = None
             if not degraded:
@@ -131,7 +131,7 @@ class Preparer:
                     self.svc.store.records.best, tenant, conv_id, upto_max=tail
                 )
         prepared = await self._prepare(
-            policy, loaded.messages, tools, window, best, pressure, loaded.hashes
+            policy, loaded.messages, tools, window, best, pressure, loaded.hashes, (tenant, conv_id)
         )
         report = _report(prepared)
         claim = None
@@ -150,8 +150,9 @@ class Preparer:
                 newer = await self._wait(tenant, conv_id, best, tail, wait_ms, rec)
             if newer is not None:
                 prepared = await self._prepare(
-                    policy, loaded.messages, tools, window, newer, pressure, loaded.hashes
-                )
+                    policy, loaded.messages, tools, window, newer, pressure, loaded.hashes,
+                    (tenant, conv_id),
+                )  # fmt: skip
                 report = _report(prepared)
             if rec.waited_ms is not None:
                 report["waited_ms"] = rec.waited_ms
@@ -250,7 +251,7 @@ class Preparer:
     ) -> SummaryRecord | None:
         """The tenant's longest summary record for a prefix of `messages`, from any of its
         conversations (cut points in (head, tail]); `hashes` are their prefix hashes."""
-        policy = make_policy(self.svc.settings, window, self.svc.base)
+        policy = self.svc.policies.get(window, self.svc.base)
         return await self._same_prefix(tenant, policy, messages, hashes)
 
     async def counter_for(self, tenant: str, model: str) -> ScaledCounter:
@@ -276,11 +277,13 @@ class Preparer:
         best: SummaryRecord | None,
         pressure: float,
         hashes: list[str] | None = None,
+        conversation: tuple[str, str] | None = None,
     ) -> Prepared:
         book = SummaryBook([best] if best is not None else [])
         return await policy.prepare(
-            messages, tools=tools, model=window.model, book=book, pressure=pressure, hashes=hashes
-        )
+            messages, tools=tools, model=window.model, book=book, pressure=pressure,
+            hashes=hashes, conversation=conversation,
+        )  # fmt: skip
 
     async def _claim(
         self,
