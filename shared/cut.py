@@ -268,22 +268,21 @@ def _report(frame: Frame, out: Outcome) -> dict[str, Any]:
 
 
 def build(transcript: list[Message], frame: Frame, steps: Steps, out: Outcome) -> list[Message]:
-    """The messages the steps leave: fresh dicts for every one they changed."""
+    """The messages the steps leave: fresh dicts for every one they changed (the head's tool
+    results too, which `TruncateToolResults` shortens like any other)."""
     ledger, head = frame.ledger, frame.head
     start = out.dropped_until if out.dropped_until is not None else head
-    kept = transcript[start : frame.n]
-    changed: dict[int, Message] = {}
-    if out.truncated:
-        for i in ledger.shortened_in(start, frame.n):
-            changed[i] = steps.truncate.shorten(transcript[i]) or transcript[i]
-    if out.cleared_until is not None:
-        placeholder = steps.clear.placeholder
-        for i in ledger.clearable_in(max(start, head), out.cleared_until):
-            changed[i] = {**transcript[i], "content": placeholder}
-    for i, m in changed.items():
-        kept[i - start] = m
     out_messages = transcript[:head]
     if out.marker is not None:
         out_messages.append(out.marker)
-    out_messages += kept
+    offset = len(out_messages) - start  # where transcript[start] lands
+    out_messages += transcript[start : frame.n]
+    if out.truncated:
+        for i in [*ledger.shortened_in(0, head), *ledger.shortened_in(start, frame.n)]:
+            at = i if i < head else i + offset
+            out_messages[at] = steps.truncate.shorten(transcript[i]) or transcript[i]
+    if out.cleared_until is not None:
+        placeholder = steps.clear.placeholder
+        for i in ledger.clearable_in(max(start, head), out.cleared_until):
+            out_messages[i + offset] = {**transcript[i], "content": placeholder}
     return out_messages

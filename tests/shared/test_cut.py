@@ -66,8 +66,10 @@ def assert_same(
     msgs: list[Message],
     **kw: Any,
 ) -> None:
-    expected = _run(loop, slow, msgs, **kw)
-    got = _run(loop, fast, msgs, **kw)
+    same(_run(loop, fast, msgs, **kw), _run(loop, slow, msgs, **kw))
+
+
+def same(got: Prepared | DoesNotFit, expected: Prepared | DoesNotFit) -> None:
     if isinstance(expected, DoesNotFit):
         assert isinstance(got, DoesNotFit) and vars(got) == vars(expected)
         return
@@ -225,6 +227,27 @@ def test_a_long_session_served_from_records(loop: asyncio.AbstractEventLoop) -> 
     book = SummaryBook([SummaryRecord(e, hashes[e], "summary " * 300) for e in ends[5::40]])
     fast, slow = twins(128_000, HeuristicCounter())
     replay(loop, fast, slow, session, every=5, book=book)
+
+
+def test_tool_results_in_the_head_are_truncated_too(loop: asyncio.AbstractEventLoop) -> None:
+    """A tool result kept in the head (a small gap before the task) over `max_chars` is
+    shortened, as the strategy shortens it, whether groups are dropped or not."""
+    call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    opening: list[Message] = [
+        {"role": "system", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "x" * 11},
+        {"role": "user", "content": "task"},
+    ]
+    for turns in (3, 40):
+        msgs = list(opening)
+        for i in range(turns):
+            msgs += [{"role": "user", "content": f"q{i} " + "w " * 60}]
+            msgs += [{"role": "assistant", "content": "a " * 60}]
+        fast, slow = twins(
+            2_000, HeuristicCounter(), reserve_output=500, truncate={"max_chars": 10}
+        )
+        assert_same(loop, fast, slow, msgs, pressure=0.3 if turns == 3 else 1.0)
 
 
 def test_a_message_changed_in_place_is_seen(loop: asyncio.AbstractEventLoop) -> None:
