@@ -5,7 +5,9 @@ dominate its latency. The cache keeps each conversation's decoded messages, thei
 canonical JSON and their prefix hashes, and every load asks the store (one round trip) for
 what follows the cached prefix, verified by hash: an append costs a read of the new
 messages, a replace a full reload, and nothing stale is ever served as current. Entries are
-never mutated (a prepare in flight keeps its snapshot); an update makes a new entry.
+never mutated, nor are their messages (a prepare in flight keeps its snapshot; the answer
+reuses each message's stored bytes, and the policy recognises the messages it checked by
+identity, `frozen`); an update makes a new entry sharing the old one's messages.
 
 `peek` hands out the last snapshot (and the best record seen with it) without asking Redis:
 only for an answer marked degraded, when Redis does not answer in time.

@@ -185,6 +185,7 @@ class ContextPolicy:
         pressure: float = 1.0,
         hashes: Sequence[str] | None = None,
         conversation: Hashable | None = None,
+        frozen: bool = False,
     ) -> Prepared:
         """The messages to send for `transcript` (see the reference for `pressure`).
 
@@ -197,12 +198,17 @@ class ContextPolicy:
         to avoid hashing it again. `conversation` names it for the policy's memory of what it
         validated and measured (a store's tenant and id; by default, its opening messages):
         only a transcript equal to the one remembered, by content, reuses that work.
+        `frozen`: the caller promises that neither the transcript nor its messages will ever
+        change (a store's snapshots), so the messages it shares, as objects, with the frozen
+        transcript prepared last need not be compared again (`ValidatedPrefixes`).
         """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
         steps = default_steps(self.strategies, self.counter)
         grower = partial(grow, steps) if steps is not None else None
-        messages, ledger = self._validated.validate_with(transcript, grower, conversation)
+        messages, ledger = self._validated.validate_with(
+            transcript, grower, conversation, frozen=frozen
+        )
         limits = self.limits(model)
         counter = self._counter(model)
         sizes = SizeMemo()

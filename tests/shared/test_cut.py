@@ -229,6 +229,23 @@ def test_a_long_session_served_from_records(loop: asyncio.AbstractEventLoop) -> 
     replay(loop, fast, slow, session, every=5, book=book)
 
 
+@needs_transcripts
+def test_frozen_snapshots_of_a_stored_conversation(loop: asyncio.AbstractEventLoop) -> None:
+    """Snapshots as a store's cache hands them out (new lists, shared messages, frozen),
+    named, with a record in the book: the same prompt and report as the strategies."""
+    session = long_session(400)
+    hashes = prefix_hashes(session)
+    ends = [end for _, end in groups(session)]
+    book = SummaryBook([SummaryRecord(ends[30], hashes[ends[30]], "summary " * 300)])
+    fast, slow = twins(32_000, HeuristicCounter())
+    for end in [*ends[::3], len(session)]:
+        snapshot = session[:end]
+        kw: dict[str, Any] = {"book": book, "hashes": hashes[: end + 1]}
+        expected = _run(loop, slow, snapshot, **kw)
+        for _ in range(2):  # the first compares, the second recognises the snapshot
+            same(_run(loop, fast, snapshot, conversation=("t", "c"), frozen=True, **kw), expected)
+
+
 def test_tool_results_in_the_head_are_truncated_too(loop: asyncio.AbstractEventLoop) -> None:
     """A tool result kept in the head (a small gap before the task) over `max_chars` is
     shortened, as the strategy shortens it, whether groups are dropped or not."""

@@ -146,3 +146,25 @@ def test_a_name_never_lets_other_content_pass() -> None:
     broken = [{"role": "user", "content": "task"}, turn(0)[1], turn(0)[0]]
     with pytest.raises(InvalidTranscript, match="message 1"):
         memo.validate_with(broken, None, "chat-1")
+
+
+def test_frozen_snapshots_are_recognised_by_their_messages() -> None:
+    """Snapshots sharing message objects skip the comparison, and still get the same verdicts
+    and state as checked transcripts; an equal copy of other objects is compared as usual."""
+    memo: ValidatedPrefixes[int] = ValidatedPrefixes()
+    given: list[int | None] = []
+
+    def grow(state: int | None, msgs: list[dict[str, Any]]) -> int:
+        given.append(state)
+        return len(msgs)
+
+    msgs = [{"role": "user", "content": "task"}, *turn(0), *turn(1), *turn(2)]
+    for end in (3, 3, 5, 7):
+        snapshot = msgs[:end]  # a new list each time, the same message objects
+        assert memo.validate_with(snapshot, grow, "c", frozen=True)[0] == validate(snapshot)
+    assert given == [None, 3, 3, 5]
+    rebuilt = [dict(m) for m in msgs]  # equal, other objects: compared, then reused
+    memo.validate_with(rebuilt, grow, "c", frozen=True)
+    assert given[-1] == 7
+    with pytest.raises(InvalidTranscript, match="message 7"):
+        memo.validate_with([*rebuilt, turn(3)[1]], grow, "c", frozen=True)
