@@ -61,12 +61,12 @@ class Loaded:
             self.weight + sum(map(len, raw)),
         )
 
-    def array(self, messages: Sequence[Message]) -> bytes:
-        """The JSON array of `messages`: each one of ours, unchanged, as its stored bytes."""
+    def encoded(self, messages: Sequence[Message]) -> list[bytes]:
+        """The JSON of each of `messages`: of each one of ours, unchanged, its stored bytes."""
         if not self._by_id:
             self._by_id.update(zip(map(id, self.messages), self.raw, strict=True))
         stored = self._by_id.get
-        return b"[" + b",".join([stored(id(m)) or dumps(m) for m in messages]) + b"]"
+        return [stored(id(m)) or dumps(m) for m in messages]
 
     def regions(self, policy: ContextPolicy) -> tuple[int, int]:
         """`policy.regions` of these messages, found once per snapshot (an O(n) pass)."""

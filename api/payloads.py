@@ -67,5 +67,14 @@ def prepared_body(
     if format == "anthropic":
         system, converted = to_anthropic(messages)
         return dumps({"messages": converted, "system": system, "tokens": tokens, "report": report})
-    encoded = dumps(list(messages)) if loaded is None else loaded.array(messages)
-    return b'{"messages":' + encoded + b"," + dumps({"tokens": tokens, "report": report})[1:]
+    tail = dumps({"tokens": tokens, "report": report})
+    if loaded is None:
+        return b'{"messages":' + dumps(list(messages)) + b"," + tail[1:]
+    # one join, so the answer (~200 KB at 128k tokens) is copied once: [m0, ",", m1, ...]
+    pieces = [b","] * (2 * len(messages) + 1)
+    pieces[0] = b'{"messages":['
+    pieces[1::2] = loaded.encoded(messages)
+    pieces.append(b"]," + tail[1:])
+    if messages:
+        pieces[-2] = b""  # no comma after the last message
+    return b"".join(pieces)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.counters import CalibratedCounter, HeuristicCounter, ScaledCounter
 from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.cut import Shortcut, can_decide, default_steps
 from shared.errors import ConfigError, UnknownModel
@@ -104,7 +104,8 @@ class ContextPolicy:
         ratio on the same base share it; another base builds its own)."""
         twin = object.__new__(type(self))  # copy.copy costs ten times more, per request
         twin.__dict__.update(self.__dict__)
-        twin.counter = per_message(counter)
+        # a ScaledCounter sizes messages: skip per_message's (slow) Protocol check
+        twin.counter = counter if type(counter) is ScaledCounter else per_message(counter)
         return twin
 
     # --- sizes -------------------------------------------------------------------------
