@@ -91,6 +91,8 @@ class Services:
         self.lookup = RecordLookup(client)
         self.cache = ConversationCache(Increments(client))
         self.ratios = CachedRatios(self.store.ratios)
+        if self.settings.metrics_dir is not None:
+            self.metrics.aggregate(self.settings.metrics_dir)
         self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
         self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)

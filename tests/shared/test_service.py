@@ -170,3 +170,14 @@ def test_up_refuses_an_unreachable_redis_url(monkeypatch: pytest.MonkeyPatch) ->
     assert service.run_up(UpOptions("127.0.0.1", 1), Settings(), {}, out) == 2
     assert spawned == []
     assert "does not answer" in out.getvalue() and "secret" not in out.getvalue()
+
+
+def test_several_api_processes_get_a_metrics_directory_of_their_own() -> None:
+    """One API process needs none; several get a new, empty directory, gone afterwards."""
+    with service.metrics_dir(1) as none:
+        assert none is None
+    with service.metrics_dir(2) as first, service.metrics_dir(2) as second:
+        assert first is not None and second is not None and first != second
+        assert first.is_dir() and not any(first.iterdir())
+        (first / "counter_1.db").write_bytes(b"x")
+    assert not first.exists() and not second.exists()
