@@ -135,6 +135,19 @@ class ConversationCache:
                 self._best[(tenant, conv_id)] = inc.best
         return loaded, inc.best
 
+    def shared(self, tenant: str, conv_id: str, messages: list[Message]) -> list[Message]:
+        """`messages` with the cached snapshot's own message objects in place of the equal
+        ones it starts with (no Redis: an unverified snapshot only lends objects equal by
+        content). A client resending its transcript every turn (the proxy's) then hands
+        every later step objects it has seen: comparing them to what is stored, counted or
+        validated before is an identity check, not a pass over half a megabyte of text."""
+        known = self._get(tenant, conv_id)
+        if known is None or not 0 < known.length <= len(messages):
+            return messages
+        if messages[: known.length] != known.messages:
+            return messages
+        return [*known.messages, *messages[known.length :]]
+
     def peek(self, tenant: str, conv_id: str) -> tuple[Loaded, SummaryRecord | None] | None:
         """The cached snapshot and the best record last seen with it, unverified (degraded
         answers only); None if the conversation is not cached."""

@@ -29,9 +29,7 @@ from shared.summaries import SummaryRecord
 
 @dataclass(frozen=True)
 class Opened:
-    """A request's transcript as the stored prepare sees it once synced.
-
-    """
+    """A request's transcript as the stored prepare sees it once synced."""
 
     loaded: Loaded
     best: SummaryRecord | None
