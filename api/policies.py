@@ -78,8 +78,11 @@ def make_policy(
     return service_policy(settings, window.max_input_tokens, window.reserve_output, counter)
 
 
-MAX_WINDOWS = 64  # requests may name any max_input_tokens: keep the latest few
-REMEMBERED = 1024  # conversations each window's policy remembers (containers, not text)
+MAX_WINDOWS = 16  # requests may name any max_input_tokens: keep the latest few
+# Conversations each window's policy remembers. Its copies share their strings with the
+# messages of the conversation cache (api/cache.py): fewer than the cache holds, they add
+# dict containers, not text.
+REMEMBERED = 256
 
 
 class Policies:
