@@ -52,11 +52,13 @@ from bench.harness import (
     RESERVE,
     ROOT,
     WINDOW,
+    bench_settings,
     cpu_by_process,
     load_average,
     owner_of,
     pct,
     precompute,
+    server_options,
     settle,
     start_api,
     stitched,
@@ -66,7 +68,7 @@ from shared.counters import HeuristicCounter
 from shared.policy import ContextPolicy
 from shared.providers import OpenAIClient
 from shared.redisproc import RedisProcess
-from shared.settings import ModelWindow, Settings
+from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryBook
 from shared.summarizers import LLMSummarizer
@@ -101,14 +103,11 @@ def main() -> None:
     ap.add_argument("--inline", action="store_true", help="also time a summary made inline")
     ap.add_argument("--llm-delay", type=float, default=1.5)
     ap.add_argument("--appends", type=int, default=0, help="sequential appends per size")
-    ap.add_argument("--server-root", type=Path, default=ROOT, help="the API's checkout")
-    ap.add_argument("--uvicorn-args", default="", help="extra uvicorn options")
+    server_options(ap)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     with RedisProcess() as redis, tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(
-            redis_url=redis.url, models={MODEL: ModelWindow(max_input_tokens=WINDOW)}
-        )
+        settings = bench_settings(redis.url)
         store = Store.from_url(redis.url, settings)
         log = Path(tmp) / "api.log"
         try:

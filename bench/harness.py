@@ -8,6 +8,7 @@ one (`root`: an older commit's tree, to measure before and after with the same l
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -22,11 +23,12 @@ from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
 from shared.head import head_end
 from shared.jobs import SummaryJob
+from shared.logs import configure_logging
 from shared.messages import Message, groups
 from shared.precompute import run_job
 from shared.redisproc import free_port
 from shared.service import METRICS_DIR, api_argv
-from shared.settings import Settings
+from shared.settings import ModelWindow, Settings
 from shared.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +89,19 @@ def precompute(store: Store, settings: Settings, cid: str, length: int) -> str:
 
 
 # --- the API -----------------------------------------------------------------------------------
+
+
+def server_options(ap: argparse.ArgumentParser) -> None:
+    """`--server-root` and `--uvicorn-args`: the API of another checkout, for before/after."""
+    ap.add_argument("--server-root", type=Path, default=ROOT, help="the API's checkout")
+    ap.add_argument("--uvicorn-args", default="", help="extra uvicorn options")
+
+
+def bench_settings(redis_url: str) -> Settings:
+    """The benchmark's settings (its model's window, on `redis_url`); its own log lines go to
+    stderr, warnings only, so that stdout holds the tables."""
+    configure_logging(json=False, level="WARNING")
+    return Settings(redis_url=redis_url, models={MODEL: ModelWindow(max_input_tokens=WINDOW)})
 
 
 def start_api(

@@ -39,10 +39,12 @@ from bench.harness import (
     RESERVE,
     ROOT,
     WINDOW,
+    bench_settings,
     completed,
     cpu_seconds,
     load_average,
     pct,
+    server_options,
     start_api,
     stitched,
     wait_up,
@@ -53,7 +55,7 @@ from shared.jobs import SummaryJob
 from shared.messages import Message
 from shared.precompute import run_job
 from shared.redisproc import RedisProcess, free_port
-from shared.settings import ModelWindow, Settings
+from shared.settings import Settings
 from shared.store import Store
 
 TENANT = "local"
@@ -255,13 +257,10 @@ def main() -> None:
     ap.add_argument("--sizes", default="8000,32000,128000")
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between turns (think time)")
-    ap.add_argument("--server-root", type=Path, default=ROOT, help="the API's checkout")
-    ap.add_argument("--uvicorn-args", default="", help="extra uvicorn options")
+    server_options(ap)
     args = ap.parse_args()
     with RedisProcess() as redis, tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(
-            redis_url=redis.url, models={MODEL: ModelWindow(max_input_tokens=WINDOW)}
-        )
+        settings = bench_settings(redis.url)
         store = Store.from_url(redis.url, settings)
         fake, fake_url = start_fake(Path(tmp) / "fake.log")
         log = Path(tmp) / "api.log"
