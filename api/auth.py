@@ -14,6 +14,7 @@ client) counts as loopback; an unknown one does not.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -138,7 +139,11 @@ def arrived_locally(scope: Scope) -> bool:
     server = scope.get("server")
     if not server:
         return False
-    host = server[0]
+    return _local_address(server[0])
+
+
+@functools.lru_cache(maxsize=256)  # a server listens on a few addresses: parse each once
+def _local_address(host: Any) -> bool:
     try:
         ipaddress.ip_address(str(host).split("%", 1)[0])
     except ValueError:

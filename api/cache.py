@@ -5,7 +5,9 @@ dominate its latency. The cache keeps each conversation's decoded messages, thei
 canonical JSON and their prefix hashes, and every load asks the store (one round trip) for
 what follows the cached prefix, verified by hash: an append costs a read of the new
 messages, a replace a full reload, and nothing stale is ever served as current. Entries are
-never mutated (a prepare in flight keeps its snapshot); an update makes a new entry.
+never mutated, nor are their messages (a prepare in flight keeps its snapshot; the answer
+reuses each message's stored bytes, and the policy recognises the messages it checked by
+identity, `frozen`); an update makes a new entry sharing the old one's messages.
 
 `peek` hands out the last snapshot (and the best record seen with it) without asking Redis:
 only for an answer marked degraded, when Redis does not answer in time.
@@ -19,9 +21,11 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from api.proxy.codec import dumps
 from shared.errors import NotFound
 from shared.hashing import canonical
 from shared.messages import Message
+from shared.policy import ContextPolicy
 from shared.store.chain import EMPTY, extend_chain
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.summaries import SummaryRecord
@@ -39,6 +43,9 @@ class Loaded:
     hashes: list[str]
     weight: int
     _by_id: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
+    _regions: dict[tuple[bool, int], tuple[int, int]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @property
     def length(self) -> int:
@@ -54,12 +61,20 @@ class Loaded:
             self.weight + sum(map(len, raw)),
         )
 
-    def encoded(self, message: Message) -> bytes:
-        """The JSON of `message`: its stored bytes when it is one of ours, unchanged."""
+    def encoded(self, messages: Sequence[Message]) -> list[bytes]:
+        """The JSON of each of `messages`: of each one of ours, unchanged, its stored bytes."""
         if not self._by_id:
             self._by_id.update(zip(map(id, self.messages), self.raw, strict=True))
-        found = self._by_id.get(id(message))
-        return found if found is not None else canonical(message)
+        stored = self._by_id.get
+        return [stored(id(m)) or dumps(m) for m in messages]
+
+    def regions(self, policy: ContextPolicy) -> tuple[int, int]:
+        """`policy.regions` of these messages, found once per snapshot (an O(n) pass)."""
+        key = (policy.keep_first_user, policy.keep_recent)
+        found = self._regions.get(key)
+        if found is None:
+            found = self._regions[key] = policy.regions(self.messages)
+        return found
 
 
 EMPTY_LOADED = Loaded([], [], [EMPTY], 0)
@@ -119,6 +134,19 @@ class ConversationCache:
             if (tenant, conv_id) in self._entries:
                 self._best[(tenant, conv_id)] = inc.best
         return loaded, inc.best
+
+    def shared(self, tenant: str, conv_id: str, messages: list[Message]) -> list[Message]:
+        """`messages` with the cached snapshot's own message objects in place of the equal
+        ones it starts with (no Redis: an unverified snapshot only lends objects equal by
+        content). A client resending its transcript every turn (the proxy's) then hands
+        every later step objects it has seen: comparing them to what is stored, counted or
+        validated before is an identity check, not a pass over half a megabyte of text."""
+        known = self._get(tenant, conv_id)
+        if known is None or not 0 < known.length <= len(messages):
+            return messages
+        if messages[: known.length] != known.messages:
+            return messages
+        return [*known.messages, *messages[known.length :]]
 
     def peek(self, tenant: str, conv_id: str) -> tuple[Loaded, SummaryRecord | None] | None:
         """The cached snapshot and the best record last seen with it, unverified (degraded

@@ -32,6 +32,7 @@ from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
+from api.policies import Policies
 from api.proxy.upstream import Transport
 from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
@@ -90,6 +91,9 @@ class Services:
         self.lookup = RecordLookup(client)
         self.cache = ConversationCache(Increments(client))
         self.ratios = CachedRatios(self.store.ratios)
+        if self.settings.metrics_dir is not None:
+            self.metrics.aggregate(self.settings.metrics_dir)
+        self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
         self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
         # transcripts resent every turn (the proxy's) are validated in O(new)

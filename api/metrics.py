@@ -6,6 +6,12 @@ from the broker (Redis or RabbitMQ: `api.broker`). A scrape with Redis down repo
 `prefit_store_up 0` and the request metrics, one with the broker down `prefit_broker_up 0`
 without the depth; it never fails.
 
+Several API processes on one port (`prefit up --api-workers N`, uvicorn `--workers`) each
+count their own requests. With `PROMETHEUS_MULTIPROC_DIR` set (`Settings.metrics_dir`),
+prometheus_client keeps each process's counters and histograms in files there and a scrape,
+whichever process answers it, sums them (`aggregate`); the Redis numbers are read by that
+one process at scrape time, so they are never counted once per process.
+
 Tenant names are not public: a scrape shows LLM usage summed over tenants, and per tenant
 (`prefit_tenant_*`, labelled `tenant`) only when it presents `PREFIT_METRICS_TOKEN` as a
 bearer token (`render(per_tenant=True)`; the route checks the token).
@@ -14,10 +20,12 @@ bearer token (`render(per_tenant=True)`; the route checks the token).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from api.broker import BrokerCheck
 from api.logging import RequestLog
@@ -105,6 +113,7 @@ class Metrics:
             "prefit_errors", "error responses by error type", ["type"], registry=r
         )
         self._store: StoreCollector | None = None
+        self._processes: Path | None = None
 
     def observe(self, record: RequestLog) -> None:
         self.requests.labels(record.route, str(record.status)).inc()
@@ -138,10 +147,21 @@ class Metrics:
     def watch_store(self, collector: StoreCollector) -> None:
         self._store = collector
 
+    def aggregate(self, directory: Path) -> None:
+        """Render the request metrics of every process writing to `directory` (summed), not
+        this process's alone. prometheus_client writes there when `PROMETHEUS_MULTIPROC_DIR`
+        named it before it was imported (the process's environment)."""
+        self._processes = directory
+
     def render(self, *, per_tenant: bool = False, store: bool = True) -> bytes:
         """The exposition: request metrics, then what Redis says (nothing read from it when
         `store` is False: it is reported down); per-tenant series only if `per_tenant`."""
-        out = bytes(generate_latest(self.registry))
+        if self._processes is None:
+            out = bytes(generate_latest(self.registry))
+        else:
+            summed = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(summed, path=str(self._processes))  # type: ignore[no-untyped-call]
+            out = bytes(generate_latest(summed))
         if self._store is not None:
             scrape = CollectorRegistry(auto_describe=False)
             scrape.register(self._store.view(per_tenant=per_tenant, reachable=store))

@@ -7,11 +7,11 @@ the way in and back on the way out. Error indices name the messages as the clien
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from api.cache import Loaded
+from api.proxy.codec import dumps
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic, tools_from_anthropic
 from shared.messages import Message, ToolSpec, validate
@@ -64,13 +64,17 @@ def prepared_body(
     loaded: Loaded | None = None,
 ) -> bytes:
     """The JSON answer of a prepare; stored messages are emitted as their stored bytes."""
-    tail = json.dumps({"tokens": tokens, "report": report}, ensure_ascii=False)[1:]
     if format == "anthropic":
         system, converted = to_anthropic(messages)
-        body = {"messages": converted, "system": system, "tokens": tokens, "report": report}
-        return json.dumps(body, ensure_ascii=False).encode()
+        return dumps({"messages": converted, "system": system, "tokens": tokens, "report": report})
+    tail = dumps({"tokens": tokens, "report": report})
     if loaded is None:
-        encoded = json.dumps(list(messages), ensure_ascii=False).encode()
-    else:
-        encoded = b"[" + b",".join(loaded.encoded(m) for m in messages) + b"]"
-    return b'{"messages":' + encoded + b"," + tail.encode()
+        return b'{"messages":' + dumps(list(messages)) + b"," + tail[1:]
+    # one join, so the answer (~200 KB at 128k tokens) is copied once: [m0, ",", m1, ...]
+    pieces = [b","] * (2 * len(messages) + 1)
+    pieces[0] = b'{"messages":['
+    pieces[1::2] = loaded.encoded(messages)
+    pieces.append(b"]," + tail[1:])
+    if messages:
+        pieces[-2] = b""  # no comma after the last message
+    return b"".join(pieces)

@@ -1,12 +1,18 @@
 """Model windows and the policy the API runs with: never a summarizer, so never an LLM call.
 
 A model's window comes from `PREFIT_MODELS` (`Settings.models`) or from the request's
-`max_input_tokens`; a model with neither is an `UnknownModel`. The policy is built per
-request with a counter whose calibration ratio was read once for that request.
+`max_input_tokens`; a model with neither is an `UnknownModel`. The app keeps one policy per
+window (`Policies`), so what a policy remembers of a conversation it prepared (the
+transcript it validated and the ledger of its sizes, shared/ledger.py) serves the next
+prepare of that conversation: then only the new messages are validated and measured. Each
+request measures with a copy of it holding the tenant's counter, its calibration ratio read
+once for that request.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from shared.counters import TokenCounter
@@ -70,3 +76,34 @@ def make_policy(
 ) -> ContextPolicy:
     """The API's policy for one request: settings' thresholds, no summarizer."""
     return service_policy(settings, window.max_input_tokens, window.reserve_output, counter)
+
+
+MAX_WINDOWS = 16  # requests may name any max_input_tokens: keep the latest few
+# Conversations each window's policy remembers. Its copies share their strings with the
+# messages of the conversation cache (api/cache.py): fewer than the cache holds, they add
+# dict containers, not text.
+REMEMBERED = 256
+
+
+class Policies:
+    """The app's policies, one per (window, reserve), each remembering the conversations it
+    prepared; `get` hands out a copy measuring with the request's counter."""
+
+    def __init__(self, settings: Settings, *, max_windows: int = MAX_WINDOWS) -> None:
+        self._settings = settings
+        self._max = max_windows
+        self._kept: OrderedDict[tuple[int, int], ContextPolicy] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, window: Window, counter: TokenCounter) -> ContextPolicy:
+        key = (window.max_input_tokens, window.reserve_output)
+        with self._lock:
+            kept = self._kept.get(key)
+            if kept is None:
+                kept = self._kept[key] = service_policy(
+                    self._settings, *key, counter, remembered=REMEMBERED
+                )
+                while len(self._kept) > self._max:
+                    self._kept.popitem(last=False)
+            self._kept.move_to_end(key)
+        return kept.recounted(counter)

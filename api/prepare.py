@@ -122,17 +122,16 @@ class Preparer:
         """
         if counter is None:
             counter = await self._counter(tenant, window.model)
-        policy = make_policy(self.svc.settings, window, counter)
-        _, tail = policy.regions(loaded.messages)
+        policy = self.svc.policies.get(window, counter)
+        _, tail = loaded.regions(policy)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
             best = None
             if not degraded:
                 best = await run_in_threadpool(
                     self.svc.store.records.best, tenant, conv_id, upto_max=tail
                 )
-        prepared = await self._prepare(
-            policy, loaded.messages, tools, window, best, pressure, loaded.hashes
-        )
+        named = (tenant, conv_id)
+        prepared = await _prepare(policy, loaded, named, tools, window, best, pressure)
         report = _report(prepared)
         claim = None
         if report["stale"] and not degraded:
@@ -149,9 +148,7 @@ class Preparer:
                     claim = None
                 newer = await self._wait(tenant, conv_id, best, tail, wait_ms, rec)
             if newer is not None:
-                prepared = await self._prepare(
-                    policy, loaded.messages, tools, window, newer, pressure, loaded.hashes
-                )
+                prepared = await _prepare(policy, loaded, named, tools, window, newer, pressure)
                 report = _report(prepared)
             if rec.waited_ms is not None:
                 report["waited_ms"] = rec.waited_ms
@@ -164,13 +161,14 @@ class Preparer:
     ) -> tuple[Loaded, SummaryRecord | None, ScaledCounter, bool]:
         """The conversation, its best record and the tenant's counter, from Redis within
         half the deadline; else from this process's cache, degraded (True)."""
-
-        async def read() -> tuple[Loaded, SummaryRecord | None, ScaledCounter]:
-            loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
-            return loaded, best, await self._counter(tenant, window.model)
-
+        limit = self.svc.settings.request_deadline_s / 2
+        until = time.monotonic() + limit
         try:
-            loaded, best, counter = await within(read(), self.svc.settings.request_deadline_s / 2)
+            # the read is asyncio all the way down, so cancelling it at the limit ends it at
+            # once: no task of its own is needed (`within` is, for work in a thread)
+            async with asyncio.timeout(limit):
+                loaded, best = await self.svc.cache.aload(tenant, conv_id, self.svc.increments())
+            counter = await self._counter(tenant, window.model, until)
             return loaded, best, counter, False
         except (StoreUnavailable, TimeoutError) as exc:
             cached = self.svc.cache.peek(tenant, conv_id)
@@ -250,7 +248,7 @@ class Preparer:
     ) -> SummaryRecord | None:
         """The tenant's longest summary record for a prefix of `messages`, from any of its
         conversations (cut points in (head, tail]); `hashes` are their prefix hashes."""
-        policy = make_policy(self.svc.settings, window, self.svc.base)
+        policy = self.svc.policies.get(window, self.svc.base)
         return await self._same_prefix(tenant, policy, messages, hashes)
 
     async def counter_for(self, tenant: str, model: str) -> ScaledCounter:
@@ -259,28 +257,16 @@ class Preparer:
         return await self._counter(tenant, model)
 
     # --- helpers -------------------------------------------------------------------------
-    async def _counter(self, tenant: str, model: str) -> ScaledCounter:
+    async def _counter(self, tenant: str, model: str, until: float | None = None) -> ScaledCounter:
         """The request's counter: the tenant's ratio of the model read once (from the 1 s
-        cache if fresh)."""
+        cache if fresh); `TimeoutError` if Redis has not answered by `until` (monotonic)."""
         if self.svc.ratios.fresh(tenant, model):
             return self.svc.scaled(tenant, model)
-        scaled: ScaledCounter = await run_in_threadpool(self.svc.scaled, tenant, model)
-        return scaled
-
-    @staticmethod
-    async def _prepare(
-        policy: ContextPolicy,
-        messages: list[Message],
-        tools: list[ToolSpec],
-        window: Window,
-        best: SummaryRecord | None,
-        pressure: float,
-        hashes: list[str] | None = None,
-    ) -> Prepared:
-        book = SummaryBook([best] if best is not None else [])
-        return await policy.prepare(
-            messages, tools=tools, model=window.model, book=book, pressure=pressure, hashes=hashes
-        )
+        read = run_in_threadpool(self.svc.scaled, tenant, model)
+        if until is None:
+            scaled: ScaledCounter = await read
+            return scaled
+        return await within(read, until - time.monotonic())
 
     async def _claim(
         self,
@@ -357,6 +343,24 @@ class Preparer:
         ]
         found: SummaryRecord | None = await run_in_threadpool(self.svc.lookup.longest, tenant, cuts)
         return found
+
+
+async def _prepare(
+    policy: ContextPolicy,
+    loaded: Loaded,
+    conversation: tuple[str, str],
+    tools: list[ToolSpec],
+    window: Window,
+    best: SummaryRecord | None,
+    pressure: float,
+) -> Prepared:
+    """The stored prepare of a cached snapshot, named for the policy's memory of it; frozen,
+    since a `Loaded` and its messages are never changed (api/cache.py)."""
+    return await policy.prepare(
+        loaded.messages, tools=tools, model=window.model, pressure=pressure,
+        book=SummaryBook([best] if best is not None else []), hashes=loaded.hashes,
+        conversation=conversation, frozen=True,
+    )  # fmt: skip
 
 
 def _report(prepared: Prepared) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from api.deps import Services
 from api.enqueue import Claim, size_step
-from api.policies import Window, make_policy
+from api.policies import Window
 from api.views import View, read_view, tail_start
 from shared.calibration import ScaledCounter, scale
 from shared.errors import NotFound, StoreUnavailable
@@ -119,7 +119,7 @@ class Sizing:
         extra = self.base.count([], tools, window.model)  # tool specs + priming
         tokens = scale(scaled.ratio, m.total + extra)
         effective = scale(scaled.ratio, self.effective(m) + extra)
-        policy = make_policy(self.svc.settings, window, scaled)
+        policy = self.svc.policies.get(window, scaled)
         state = policy.state(effective, window.model)
         claim = None
         if state != "under":

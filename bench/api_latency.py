@@ -1,25 +1,32 @@
-"""API latency: prepare served from summaries made ahead vs made inline, and append vs length.
+"""API latency and throughput: the stored prepare, by clients and API processes.
 
-    uv run python bench/api_latency.py [--clients 16] [--requests 320] [--appends 100]
-                                       [--sizes 1000,16000,64000,128000,200000]
+    uv run python -m bench.api_latency [--sizes 128000] [--processes 1,2] [--clients 1,16]
+        [--rounds 3] [--single 1000] [--requests 3200] [--inline] [--appends 100]
+        [--server-root DIR] [--uvicorn-args "--loop asyncio --http h11"]
 
-Starts its own redis-server and the API under uvicorn (`uvicorn api.app:app`, one process,
-its own CPU), stores one conversation per size (real transcripts stitched together, counted
-with the API's heuristic counter), computes their summaries ahead of time the way a worker
-does (`shared.precompute.run_job` with the offline extractive summarizer), then measures:
+Starts its own redis-server and the API as `prefit up --api-workers N` runs it (uvicorn, N
+processes on one port, a metrics directory of their own when N > 1), stores one
+conversation per size (real transcripts stitched end to end, counted with the API's
+heuristic counter), and computes its summaries ahead of time the way a worker does
+(`shared.precompute.run_job`, offline extractive summarizer). The model window is 128k:
+conversations over its trigger (~105k tokens) are served from their summary.
 
-- prepare: `--clients` concurrent httpx clients send `--requests` stored prepares per size
-  (each response read in full); client-observed p50/p99 and the server's own latency from its
-  canonical request log lines;
-- the same prepare with the summary made inline, for comparison: a policy given an
-  LLMSummarizer against the fake LLM answering in `--llm-delay` s (what a service without
-  precomputation pays), one round of `--clients` concurrent prepares per size;
-- append: `--appends` sequential one-message appends per size (with expected_length).
+Then, `--rounds` times, for each number of API processes in turn (a fresh API each time, so
+that 1 and 2 processes alternate and machine noise hits both), for each number of clients:
+stored prepares (`--single` requests for 1 client, `--requests` for more, each client one
+keep-alive connection, bench/loadgen.py), then as many `GET /healthz` with the same clients
+(the floor: what the server and the load generator cost when the handler does nothing).
+Each row reports client-observed p50 / p99, requests per second, the server's CPU per
+prepare (utime + stime of every API process, warm-up requests included in the count) and
+the load generator's own CPU per request. A summary gives each figure's range over rounds.
 
-The model window is 128k tokens: conversations above its trigger (~105k) are cut and served
-from their summary; smaller ones are returned whole. Goals on a 2-core machine: prepare
-p50 < 10 ms and p99 < 30 ms at 128k tokens; append latency flat in conversation length.
-Prints a markdown table.
+`--server-root` runs the API of another checkout (an older commit's tree) under the same
+load, for before and after; `--uvicorn-args` passes uvicorn options (the code before
+uvloop and httptools were dependencies ran `--loop asyncio --http h11`). `--inline` adds
+the same prepare with the summary made inline against the fake LLM (tests/fakellm.py)
+answering in 1.5 s; `--appends N` adds N sequential one-message appends per size. Goals
+at 128k: 1 ms of server CPU per stored prepare; 2 processes >= 1.5x the prepares/s of one.
+Prints markdown; asserts nothing.
 """
 
 from __future__ import annotations
@@ -27,210 +34,196 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
-import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import httpx
 
+from bench import loadgen
+from bench.harness import (
+    MODEL,
+    RESERVE,
+    ROOT,
+    WINDOW,
+    bench_settings,
+    cpu_by_process,
+    load_average,
+    owner_of,
+    pct,
+    precompute,
+    server_options,
+    settle,
+    start_api,
+    stitched,
+    stop,
+)
 from shared.counters import HeuristicCounter
-from shared.extractive import ExtractiveSummarizer
-from shared.head import head_end
-from shared.jobs import SummaryJob
-from shared.messages import Message, groups
 from shared.policy import ContextPolicy
-from shared.precompute import run_job
 from shared.providers import OpenAIClient
-from shared.redisproc import RedisProcess, free_port
-from shared.settings import ModelWindow, Settings
+from shared.redisproc import RedisProcess
+from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryBook
 from shared.summarizers import LLMSummarizer
 from tests.fakellm import FakeLLM
 
-ROOT = Path(__file__).resolve().parent.parent
-TRANSCRIPTS = ROOT.parent / "shared" / "transcripts"
-MODEL, WINDOW, RESERVE = "bench-128k", 128_000, 4_096
-TENANT = "local"  # no API keys: the open, loopback-only mode
-COUNTER = HeuristicCounter()
-TICKS = os.sysconf("SC_CLK_TCK")
+WARMUP = 2  # requests per client before the measured ones
 
 
-# --- conversations -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One measurement: a size, a round, a number of API processes and of clients."""
+
+    size: int
+    round: int
+    processes: int
+    clients: int
+    prepare: loadgen.Load
+    server_cpu_ms: float
+    floor: loadgen.Load
+    load_average: str
+    shares: str  # of the API's CPU, per process (the uvicorn supervisor among them)
 
 
-def stitched(tokens: int) -> list[Message]:
-    """A valid transcript of about `tokens` tokens: real turn groups, stitched end to end."""
-    sources = [json.loads(p.read_text())["messages"] for p in sorted(TRANSCRIPTS.glob("*.json"))]
-    sources = [s for s in sources if s] or [synthetic_source()]
-    head_src = next(s for s in sources if head_end(s) >= 2)
-    out = list(head_src[: head_end(head_src)])
-    size = COUNTER.count(out)
-    while size < tokens:
-        for src in sources:
-            for a, b in groups(src, head_end(src)):
-                chunk = src[a:b]
-                if chunk[0].get("role") == "tool" or (b - a == 1 and _pending_call(chunk[0])):
-                    continue
-                out.extend(chunk)
-                size += sum(COUNTER.count_message(m) for m in chunk)
-                if size >= tokens:
-                    return out
-    return out
-
-
-def _pending_call(m: Message) -> bool:
-    return m.get("role") == "assistant" and bool(m.get("tool_calls"))
-
-
-def synthetic_source() -> list[Message]:
-    text = "benchmark filler text " * 60
-    out: list[Message] = [
-        {"role": "system", "content": "bench"},
-        {"role": "user", "content": "task"},
-    ]
-    for k in range(200):
-        out.append({"role": "assistant" if k % 2 else "user", "content": f"{k} {text}"})
-    return out
-
-
-# --- the API process ---------------------------------------------------------------------------
-
-
-def start_api(
-    redis_url: str, log: Path, workers: int = 1, extra_env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen[bytes], str]:
-    """The API under uvicorn on the model's window, open mode, JSON request logs in `log`."""
-    port = free_port()
-    env = {
-        **os.environ,
-        "REDIS_URL": redis_url,
-        "PREFIT_MODELS": json.dumps({MODEL: {"max_input_tokens": WINDOW}}),
-        "PREFIT_API_KEYS": "",
-        "PREFIT_LOG_JSON": "true",
-        "PREFIT_SUMMARY_QUEUE": "bench-summaries",  # no worker consumes it here
-        **(extra_env or {}),
-    }
-    argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
-            "--port", str(port), "--no-access-log", "--log-level", "warning",
-            "--workers", str(workers)]  # fmt: skip
-    proc = subprocess.Popen(
-        argv, cwd=ROOT, env=env, stderr=log.open("wb"), stdout=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="128000")
+    ap.add_argument("--processes", default="1,2")
+    ap.add_argument("--clients", default="1,16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--single", type=int, default=1000, help="prepares with 1 client")
+    ap.add_argument("--requests", type=int, default=3200, help="prepares with more clients")
+    ap.add_argument("--inline", action="store_true", help="also time a summary made inline")
+    ap.add_argument("--llm-delay", type=float, default=1.5)
+    ap.add_argument("--appends", type=int, default=0, help="sequential appends per size")
+    server_options(ap)
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    with RedisProcess() as redis, tempfile.TemporaryDirectory() as tmp:
+        settings = bench_settings(redis.url)
+        store = Store.from_url(redis.url, settings)
+        log = Path(tmp) / "api.log"
         try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=1) as r:
-                if r.status == 200:
-                    return proc, url
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the API did not start; see {log}")
-        time.sleep(0.1)
+            served = store_conversations(redis.url, log, store, settings, sizes, args)
+            rows = [
+                row
+                for r in range(args.rounds)
+                for processes in _ints(args.processes)
+                for row in measure(redis.url, log, Path(tmp), r, processes, sizes, args)
+            ]
+            extras = {size: extra(redis.url, log, size, args) for size in sizes}
+        finally:
+            store.close()
+    print_tables(rows, served, extras, args)
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process and of its children (uvicorn's workers), in seconds."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            raw = stat.read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2 :].split()
-        if int(stat.parent.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / TICKS
-    return total
-
-
-def completed(log: Path, offset: int) -> list[dict[str, Any]]:
-    """The canonical `request.completed` log records written to `log` after `offset`."""
-    with log.open("rb") as f:
-        f.seek(offset)
-        lines = f.read().decode().splitlines()
-    out = []
-    for line in lines:
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(e, dict) and e.get("event") == "request.completed":
-            out.append(e)
-    return out
-
-
-def server_latencies(log: Path, route: str, offset: int, last: int) -> list[float]:
-    """latency_ms of the last `last` canonical log lines for `route` written after `offset`."""
-    out = [float(e["latency_ms"]) for e in completed(log, offset) if e.get("route") == route]
-    return out[-last:]
-
-
-# --- measurements ------------------------------------------------------------------------------
-
-
-def pct(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-async def load(
-    url: str, path: str, body: dict[str, Any] | None, clients: int, total: int
-) -> tuple[list[float], float]:
-    """Client-observed latencies (ms) of `total` requests from `clients` concurrent clients
-    (each response read in full), and the wall time they took (s). GET when `body` is None."""
-    latencies: list[float] = []
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-
-        async def call() -> None:
-            t = time.perf_counter()
-            r = await (client.get(path) if body is None else client.post(path, json=body))
-            _ = r.content
-            latencies.append((time.perf_counter() - t) * 1000)
+def store_conversations(
+    redis_url: str,
+    log: Path,
+    store: Store,
+    settings: Settings,
+    sizes: Sequence[int],
+    args: argparse.Namespace,
+) -> dict[int, str]:
+    """Each size's conversation stored and summarized; what its prepare is served from."""
+    proc, url = _api(redis_url, log, 1, args)
+    served = {}
+    try:
+        for size in sizes:
+            transcript = stitched(size)
+            r = httpx.put(
+                f"{url}{_path(size, '')}",
+                json={"messages": transcript, "model": MODEL},
+                timeout=120,
+            )
             assert r.status_code == 200, r.text
-
-        async def one_client(n: int) -> None:
-            for _ in range(n):
-                await call()
-
-        # warm up: the server's caches, and every connection of the pool opened
-        await asyncio.gather(*(one_client(2) for _ in range(clients)))
-        latencies.clear()
-        started = time.perf_counter()
-        await asyncio.gather(*(one_client(total // clients) for _ in range(clients)))
-        return latencies, time.perf_counter() - started
-
-
-def appends(url: str, cid: str, length: int, n: int) -> list[float]:
-    out = []
-    with httpx.Client(base_url=url, timeout=60) as client:
-        for i in range(n):
-            message = {"role": "user", "content": f"one more question, number {i}"}
-            body = {"messages": [message], "model": MODEL, "expected_length": length + i}
-            t = time.perf_counter()
-            r = client.post(f"/v1/conversations/{cid}/messages", json=body)
-            out.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 200, r.text
-    return out
+            status = precompute(store, settings, f"bench-{size}", len(transcript))
+            report = httpx.post(f"{url}{_path(size)}", json={"model": MODEL}, timeout=60).json()
+            report = report["report"]
+            used = f"summary@{report['summary']['upto']}" if report["summary"] else "whole"
+            served[size] = (
+                f"{r.json()['tokens']:,} tokens, {len(transcript)} messages; served from {used} "
+                f"({report['tokens_after']:,} tokens{', STALE' if report['stale'] else ''}); "
+                f"summary job: {status}"
+            )
+    finally:
+        stop(proc)
+    return served
 
 
-async def inline(transcript: list[Message], fake: FakeLLM, clients: int) -> list[float]:
+def measure(
+    redis_url: str,
+    log: Path,
+    tmp: Path,
+    round_: int,
+    processes: int,
+    sizes: Sequence[int],
+    args: argparse.Namespace,
+) -> list[Row]:
+    """Every size and number of clients against a fresh API of `processes` processes."""
+    proc, url = _api(redis_url, log, processes, args, tmp / f"metrics-{round_}-{processes}")
+    rows = []
+    body = json.dumps({"model": MODEL}).encode()
+    try:
+        most = max(_ints(args.clients))
+        for size in sizes:  # every process's cache filled, its start-up work done
+            loadgen.run(url, _path(size), body, clients=most, total=20 * most)
+        settle(proc.pid)
+        port = int(url.rsplit(":", 1)[1])
+        spread = None if processes == 1 else (partial(owner_of, proc.pid, port), processes)
+        for size in sizes:
+            for clients in _ints(args.clients):
+                total = args.single if clients == 1 else args.requests
+                before = cpu_by_process(proc.pid)
+                prepare = loadgen.run(
+                    url, _path(size), body, clients=clients, total=total, spread=spread
+                )
+                spent = _spent(before, cpu_by_process(proc.pid))
+                floor = loadgen.run(
+                    url, "/healthz", None, clients=clients, total=total, spread=spread
+                )
+                cpu_ms = sum(spent) * 1000 / (total + WARMUP * clients)
+                row = Row(
+                    size, round_, processes, clients, prepare, cpu_ms, floor, load_average(),
+                    " / ".join(f"{x / sum(spent):.2f}" for x in spent),
+                )  # fmt: skip
+                print(f"round {round_}: {_line(row)}", file=sys.stderr, flush=True)
+                rows.append(row)
+    finally:
+        stop(proc)
+    return rows
+
+
+def extra(redis_url: str, log: Path, size: int, args: argparse.Namespace) -> str:
+    """The same prepare with its summary made inline, and appends: on request only."""
+    notes = []
+    if args.inline:
+        with FakeLLM(delay=args.llm_delay) as fake:
+            took = asyncio.run(inline(stitched(size), fake.base_url, max(_ints(args.clients))))
+        notes.append(f"summary made inline: {pct(took, 50):.1f} / {pct(took, 99):.1f} s")
+    if args.appends:
+        proc, url = _api(redis_url, log, 1, args)
+        try:
+            took = appends(url, size, args.appends)
+        finally:
+            stop(proc)
+        notes.append(f"append, 1 client: {pct(took, 50):.1f} / {pct(took, 99):.1f} ms")
+    return "; ".join(notes)
+
+
+async def inline(transcript: list[dict[str, object]], llm_url: str, clients: int) -> list[float]:
     """Seconds per prepare when the summary is made inline (a fresh book each: no reuse)."""
-    client = OpenAIClient(fake.base_url, None, timeout=httpx.Timeout(120.0))
+    client = OpenAIClient(llm_url, None, timeout=httpx.Timeout(120.0))
+    summarizer = LLMSummarizer(client, "fake-summarizer")
     policy = ContextPolicy(
-        WINDOW,
-        reserve_output=RESERVE,
-        counter=HeuristicCounter(),
-        summarizer=LLMSummarizer(client, "fake-summarizer"),
+        WINDOW, reserve_output=RESERVE, counter=HeuristicCounter(), summarizer=summarizer
     )
 
     async def one() -> float:
@@ -241,137 +234,122 @@ async def inline(transcript: list[Message], fake: FakeLLM, clients: int) -> list
     return list(await asyncio.gather(*(one() for _ in range(clients))))
 
 
-def precompute(store: Store, settings: Settings, cid: str, transcript: list[Message]) -> int:
-    """Make the conversation's summaries as a worker would; returns how many records exist."""
-    hashes = store.conversations.hashes(TENANT, cid)
-    job = SummaryJob(TENANT, cid, MODEL, WINDOW, RESERVE, len(transcript), hashes[-1])
-    asyncio.run(
-        run_job(
-            job, store=store, summarizer=ExtractiveSummarizer(), settings=settings, owner="bench"
-        )
-    )
-    return len(store.records.list(TENANT, cid))
+def appends(url: str, size: int, n: int) -> list[float]:
+    out = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        length = client.get(_path(size, "")).json()["length"]
+        for i in range(n):
+            message = {"role": "user", "content": f"one more question, number {i}"}
+            body = {"messages": [message], "model": MODEL, "expected_length": length + i}
+            t = time.perf_counter()
+            r = client.post(_path(size, "/messages"), json=body)
+            out.append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200, r.text
+    return out
 
 
-# --- main --------------------------------------------------------------------------------------
+# --- output ------------------------------------------------------------------------------------
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="1000,16000,64000,128000,200000")
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--requests", type=int, default=320)
-    ap.add_argument("--single", type=int, default=100, help="sequential prepares per size")
-    ap.add_argument("--appends", type=int, default=100)
-    ap.add_argument("--llm-delay", type=float, default=1.5)
-    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    args = ap.parse_args()
-    with (
-        RedisProcess() as redis,
-        FakeLLM(delay=args.llm_delay) as fake,
-        tempfile.TemporaryDirectory() as tmp,
-    ):
-        settings = Settings(
-            redis_url=redis.url, models={MODEL: ModelWindow(max_input_tokens=WINDOW)}
-        )
-        store = Store.from_url(redis.url, settings)
-        log = Path(tmp) / "api.log"
-        proc, url = start_api(redis.url, log, args.workers)
-        try:
-            floor, wall = asyncio.run(load(url, "/healthz", None, args.clients, args.requests))
-            rows = [
-                measure(url, log, store, settings, fake, size, args, proc.pid)
-                for size in _sizes(args)
-            ]
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            store.close()
-    print_table(rows, args, (pct(floor, 50), pct(floor, 99), len(floor) / wall))
-
-
-def _sizes(args: argparse.Namespace) -> list[int]:
-    return [int(s) for s in args.sizes.split(",")]
-
-
-def measure(
-    url: str,
-    log: Path,
-    store: Store,
-    settings: Settings,
-    fake: FakeLLM,
-    size: int,
-    args: argparse.Namespace,
-    pid: int,
-) -> dict[str, Any]:
-    """Every number of one conversation size (`pid`: the API's, for its CPU time)."""
-    transcript = stitched(size)
-    cid = f"bench-{size}"
-    body = {"messages": transcript, "model": MODEL}
-    r = httpx.put(f"{url}/v1/conversations/{cid}", json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    records = precompute(store, settings, cid, transcript)
-    path, prep = f"/v1/conversations/{cid}/prepare", {"model": MODEL}
-    report = httpx.post(f"{url}{path}", json=prep, timeout=60).json()["report"]
-    single, _ = asyncio.run(load(url, path, prep, 1, args.single))
-    offset, cpu = log.stat().st_size, cpu_seconds(pid)
-    loaded, wall = asyncio.run(load(url, path, prep, args.clients, args.requests))
-    cpu = cpu_seconds(pid) - cpu
-    server = server_latencies(
-        log, "/v1/conversations/{conversation_id}/prepare", offset, len(loaded)
-    )
-    over = report["tokens_before"] > report["trigger_tokens"]
-    slow = asyncio.run(inline(transcript, fake, args.clients)) if over else []
-    adds = appends(url, cid, len(transcript), args.appends)
-    row = {
-        "tokens": r.json()["tokens"], "messages": len(transcript), "records": records,
-        "summary": report["summary"] is not None, "stale": report["stale"],
-        "out_tokens": report["tokens_after"],
-        "one": (pct(single, 50), pct(single, 99)),
-        "load": (pct(loaded, 50), pct(loaded, 99)),
-        "server": (pct(server, 50), pct(server, 99)) if server else (math.nan, math.nan),
-        "rps": len(loaded) / wall,
-        "cpu_ms": cpu * 1000 / (len(loaded) + 2 * args.clients),  # warm-up ran in the window
-        "inline": (pct(slow, 50), pct(slow, 99)) if slow else None,
-        "append": (pct(adds, 50), pct(adds, 99)),
-    }  # fmt: skip
-    print(f"done {size}: {row}", file=sys.stderr, flush=True)
-    return row
-
-
-def print_table(
-    rows: list[dict[str, Any]], args: argparse.Namespace, floor: tuple[float, float, float]
+def print_tables(
+    rows: list[Row], served: dict[int, str], extras: dict[int, str], args: argparse.Namespace
 ) -> None:
+    root = "this checkout" if args.server_root == ROOT else str(args.server_root)
+    print(f"\nAPI from {root} {args.uvicorn_args}; {args.rounds} rounds; ms, p50 / p99.")
+    for size in served:
+        print(f"\n{size:,}: {served[size]}" + (f"; {extras[size]}" if extras[size] else ""))
     print(
-        f"\nuvicorn workers: {args.workers}; prepare: 1 client x {args.single} requests, then "
-        f"{args.clients} concurrent clients x {args.requests} requests per size; inline "
-        f"summary: {args.clients} concurrent, LLM answering in {args.llm_delay} s; append: "
-        f"{args.appends} sequential. Latencies in ms (inline in s), p50 / p99.\n"
+        "\n| size | round | API processes | clients | prepare | prepares/s | server CPU ms / "
+        "prepare | CPU share per process | load generator CPU ms / request | /healthz "
+        "| /healthz req/s | load average |"
     )
-    print(
-        "| conversation tokens | messages | served from | prompt tokens | prepare, 1 client "
-        f"| prepare, {args.clients} clients | server-side, {args.clients} clients | prepares/s "
-        "| summary made inline | append, 1 client |"
-    )
-    print("|" + " --- |" * 11)
+    print("|" + " --- |" * 12)
     for r in rows:
-        used = f"summary ({r['records']} records)" if r["summary"] else "whole (fits)"
-        used += " STALE" if r["stale"] else ""
-        inline = "n/a (under trigger)" if r["inline"] is None else _pair(r["inline"], ".1f")
+        print(f"| {r.size:,} | {r.round} | {_line(r)} | {r.load_average} |")
+    print("\nRanges over the rounds:\n")
+    print("| size | API processes | clients | p50 | p99 | prepares/s | server CPU ms / prepare |")
+    print("|" + " --- |" * 7)
+    keys = sorted({(r.size, r.processes, r.clients) for r in rows})
+    for size, processes, clients in keys:
+        same = [r for r in rows if (r.size, r.processes, r.clients) == (size, processes, clients)]
         print(
-            f"| {r['tokens']:,} | {r['messages']} | {used} | {r['out_tokens']:,} | "
-            f"{_pair(r['one'])} | {_pair(r['load'])} | {_pair(r['server'])} | {r['rps']:.0f} | "
-            f"{r['cpu_ms']:.1f} | "
-            f"{inline} | {_pair(r['append'])} |"
+            f"| {size:,} | {processes} | {clients} "
+            f"| {_span([pct(r.prepare.latencies, 50) for r in same])} "
+            f"| {_span([pct(r.prepare.latencies, 99) for r in same])} "
+            f"| {_span([r.prepare.per_second for r in same], '.0f')} "
+            f"| {_span([r.server_cpu_ms for r in same], '.2f')} |"
         )
-    print(
-        f"\nfloor: GET /healthz under the same {args.clients}-client load: "
-        f"{_pair(floor[:2])} ms, {floor[2]:.0f} requests/s"
+    print_ratios(rows)
+
+
+def print_ratios(rows: list[Row]) -> None:
+    """Prepares per second of the most processes over one process, round by round."""
+    most = max(r.processes for r in rows)
+    if most == 1:
+        return
+    for size, clients in sorted({(r.size, r.clients) for r in rows}):
+        ratios = []
+        for round_ in sorted({r.round for r in rows}):
+            by = {
+                r.processes: r
+                for r in rows
+                if (r.size, r.clients, r.round) == (size, clients, round_)
+            }
+            if 1 in by and most in by:
+                ratios.append(by[most].prepare.per_second / by[1].prepare.per_second)
+        print(
+            f"\n{size:,}, {clients} clients: {most} processes serve {_span(ratios, '.2f')}x "
+            "the prepares per second of one (per round)"
+        )
+
+
+def _spent(before: dict[int, float], after: dict[int, float]) -> list[float]:
+    return sorted((after[p] - before.get(p, 0.0) for p in after), reverse=True)
+
+
+def _line(r: Row) -> str:
+    p, f = r.prepare, r.floor
+    return (
+        f"{r.processes} | {r.clients} | {_pair(p.latencies)} | {p.per_second:.0f} "
+        f"| {r.server_cpu_ms:.2f} | {r.shares} | {p.cpu_ms:.2f} | {_pair(f.latencies)} "
+        f"| {f.per_second:.0f}"
     )
 
 
-def _pair(values: tuple[float, ...], fmt: str = ".1f") -> str:
-    return " / ".join(format(v, fmt) for v in values)
+def _pair(values: Sequence[float]) -> str:
+    return f"{pct(values, 50):.1f} / {pct(values, 99):.1f}"
+
+
+def _span(values: Sequence[float], fmt: str = ".1f") -> str:
+    low, high = format(min(values), fmt), format(max(values), fmt)
+    return low if low == high else f"{low}-{high}"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
+def _path(size: int, tail: str = "/prepare") -> str:
+    return f"/v1/conversations/bench-{size}{tail}"
+
+
+def _api(
+    redis_url: str,
+    log: Path,
+    processes: int,
+    args: argparse.Namespace,
+    metrics: Path | None = None,
+) -> tuple[subprocess.Popen[bytes], str]:
+    if metrics is not None and processes > 1:
+        metrics.mkdir()
+    return start_api(
+        redis_url,
+        log,
+        processes,
+        root=args.server_root,
+        metrics_dir=metrics if processes > 1 else None,
+        uvicorn_args=shlex.split(args.uvicorn_args),
+    )
 
 
 if __name__ == "__main__":

@@ -23,26 +23,31 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.api_latency import (
+from bench.harness import (
     MODEL,
     RESERVE,
+    ROOT,
     WINDOW,
+    bench_settings,
     completed,
     cpu_seconds,
+    load_average,
     pct,
+    server_options,
     start_api,
     stitched,
+    wait_up,
 )
 from shared.errors import NotFound
 from shared.extractive import ExtractiveSummarizer
@@ -50,26 +55,10 @@ from shared.jobs import SummaryJob
 from shared.messages import Message
 from shared.precompute import run_job
 from shared.redisproc import RedisProcess, free_port
-from shared.settings import ModelWindow, Settings
+from shared.settings import Settings
 from shared.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
 TENANT = "local"
-
-
-def wait_up(url: str, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1):
-                return
-        except urllib.error.HTTPError:
-            return  # it answers: up
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not start")
-        time.sleep(0.1)
 
 
 def start(argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
@@ -87,10 +76,18 @@ def start_fake(log: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, url
 
 
-def start_proxy(redis_url: str, fake_url: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_proxy(
+    redis_url: str, fake_url: str, log: Path, args: argparse.Namespace
+) -> tuple[subprocess.Popen[bytes], str]:
     """The API (as bench/api_latency.py starts it) forwarding OpenAI requests to the fake."""
     env = {"PREFIT_OPENAI_BASE_URL": f"{fake_url}/v1"}
-    return start_api(redis_url, log, extra_env=env)
+    return start_api(
+        redis_url,
+        log,
+        root=args.server_root,
+        extra_env=env,
+        uvicorn_args=shlex.split(args.uvicorn_args),
+    )
 
 
 # --- one request, timed ------------------------------------------------------------------------
@@ -260,15 +257,18 @@ def main() -> None:
     ap.add_argument("--sizes", default="8000,32000,128000")
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between turns (think time)")
+    server_options(ap)
     args = ap.parse_args()
     with RedisProcess() as redis, tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(
-            redis_url=redis.url, models={MODEL: ModelWindow(max_input_tokens=WINDOW)}
-        )
+        settings = bench_settings(redis.url)
         store = Store.from_url(redis.url, settings)
         fake, fake_url = start_fake(Path(tmp) / "fake.log")
         log = Path(tmp) / "api.log"
-        api, api_url = start_proxy(redis.url, fake_url, log)
+        try:
+            api, api_url = start_proxy(redis.url, fake_url, log, args)
+        except BaseException:
+            fake.terminate()
+            raise
         try:
             direct, proxied = f"{fake_url}/v1/chat/completions", f"{api_url}/v1/chat/completions"
             rows = [
@@ -291,6 +291,8 @@ def main() -> None:
                 proc.wait(10)
             store.close()
     print_table(rows, args.turns, args.pause)
+    root = "this checkout" if args.server_root == ROOT else str(args.server_root)
+    print(f"\nAPI from {root} {args.uvicorn_args}; load average {load_average()}")
 
 
 if __name__ == "__main__":

@@ -46,7 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the API, a worker and (unless REDIS_URL is set) Redis")
     up.add_argument("--host", help="interface of the API (default: PREFIT_HOST or 127.0.0.1)")
     up.add_argument("--port", type=int, help="port of the API (default: PREFIT_PORT or 8000)")
-    up.add_argument("--workers", type=_positive, default=1, help="API processes (default 1)")
+    up.add_argument(
+        "--api-workers", type=_positive, help="API processes serving the one port (default 1)"
+    )
+    # the name `--workers` suggests the summary workers: kept, deprecated, for old scripts
+    up.add_argument("--workers", type=_positive, dest="workers", help=argparse.SUPPRESS)
     up.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop")
     up.add_argument("--redis-dir", type=Path, help="persist the embedded Redis (AOF) here")
     up.set_defaults(command=_up)
@@ -109,10 +113,16 @@ def _up(ns: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    if ns.workers is not None:
+        print(
+            "prefit up: --workers is deprecated, use --api-workers (the summary workers' "
+            "concurrency is PREFIT_WORKER_CONCURRENCY)",
+            file=sys.stderr,
+        )
     opts = UpOptions(
         host=host,
         port=ns.port if ns.port is not None else settings.port,
-        workers=ns.workers,
+        workers=ns.api_workers or ns.workers or 1,
         grace_s=ns.grace,
         redis_dir=ns.redis_dir,
     )

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.calibration import CalibratedCounter, scale
+from shared.calibration import CalibratedCounter, ScaledCounter, scale
 from shared.counters import CachedCounter
 from shared.counting import MessageCounter
 from shared.ledger import Ledger, Steps
@@ -38,8 +38,9 @@ _DEFAULT_KINDS = (
 
 def default_steps(strategies: list[Strategy], counter: MessageCounter) -> Steps | None:
     """The ledger's `Steps` when the strategies are the default ones (in their order, any
-    settings) and the counter counts by content; None: run the strategies themselves."""
-    base = counter.base if isinstance(counter, CalibratedCounter) else counter
+    settings) and the counter counts by content (calibrated or not: the ledger holds
+    uncalibrated sizes); None: run the strategies themselves."""
+    base = counter.base if isinstance(counter, CalibratedCounter | ScaledCounter) else counter
     if not isinstance(base, CachedCounter) or [type(s) for s in strategies] not in _DEFAULT_KINDS:
         return None
     truncate, clear = strategies[0], strategies[1]
@@ -120,6 +121,16 @@ class Shortcut:
     def tokens(self, n: int) -> int:
         """Tokens of the transcript made of the ledger's first `n` messages, as it is."""
         return self.measure(self.ledger.cum_raw[n])
+
+    def tail(self, head: int, n: int, keep_recent: int) -> int:
+        """`ContextPolicy.regions`' tail start for the first `n` messages, the head ending
+        at `head` (a group boundary, so the groups after it are the ledger's)."""
+        return tail_start(self.ledger.group_starts(head, n), head, keep_recent)
+
+    def served(self, head: int, summary: Message, upto: int, n: int) -> int:
+        """Tokens of the prompt [head][summary][messages upto..n) (what `with_best` builds)."""
+        cum = self.ledger.cum_raw
+        return self.measure(cum[head] + self.steps.base.count_message(summary) + cum[n] - cum[upto])
 
     def cut(
         self,
@@ -257,22 +268,21 @@ def _report(frame: Frame, out: Outcome) -> dict[str, Any]:
 
 
 def build(transcript: list[Message], frame: Frame, steps: Steps, out: Outcome) -> list[Message]:
-    """The messages the steps leave: fresh dicts for every one they changed."""
+    """The messages the steps leave: fresh dicts for every one they changed (the head's tool
+    results too, which `TruncateToolResults` shortens like any other)."""
     ledger, head = frame.ledger, frame.head
     start = out.dropped_until if out.dropped_until is not None else head
-    kept = transcript[start : frame.n]
-    changed: dict[int, Message] = {}
-    if out.truncated:
-        for i in ledger.shortened_in(start, frame.n):
-            changed[i] = steps.truncate.shorten(transcript[i]) or transcript[i]
-    if out.cleared_until is not None:
-        placeholder = steps.clear.placeholder
-        for i in ledger.clearable_in(max(start, head), out.cleared_until):
-            changed[i] = {**transcript[i], "content": placeholder}
-    for i, m in changed.items():
-        kept[i - start] = m
     out_messages = transcript[:head]
     if out.marker is not None:
         out_messages.append(out.marker)
-    out_messages += kept
+    offset = len(out_messages) - start  # where transcript[start] lands
+    out_messages += transcript[start : frame.n]
+    if out.truncated:
+        for i in [*ledger.shortened_in(0, head), *ledger.shortened_in(start, frame.n)]:
+            at = i if i < head else i + offset
+            out_messages[at] = steps.truncate.shorten(transcript[i]) or transcript[i]
+    if out.cleared_until is not None:
+        placeholder = steps.clear.placeholder
+        for i in ledger.clearable_in(max(start, head), out.cleared_until):
+            out_messages[i + offset] = {**transcript[i], "content": placeholder}
     return out_messages

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.counters import CalibratedCounter, HeuristicCounter, ScaledCounter
 from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.cut import Shortcut, can_decide, default_steps
 from shared.errors import ConfigError, UnknownModel
@@ -68,6 +68,7 @@ class ContextPolicy:
         keep_tokens_ratio: float = 0.4,
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
+        remembered: int = 64,
     ) -> None:
         _check(max_input_tokens, reserve_output, trigger, target, keep_recent, precompute_at)
         self.max_input_tokens = max_input_tokens
@@ -77,7 +78,8 @@ class ContextPolicy:
         self.keep_recent = keep_recent
         self.keep_first_user = keep_first_user
         self.precompute_at = precompute_at
-        self._validated: ValidatedPrefixes[Ledger] = ValidatedPrefixes()
+        # the transcripts prepared last and their ledgers, per conversation (`remembered`)
+        self._validated: ValidatedPrefixes[Ledger] = ValidatedPrefixes(remembered)
         # a counter written from the reference may offer only count(): sizes derive from it
         self.counter: MessageCounter = (
             per_message(counter) if counter is not None else CalibratedCounter(HeuristicCounter())
@@ -95,6 +97,16 @@ class ContextPolicy:
         )
         found = [s for s in self.strategies if isinstance(s, Summarize)]
         self.summarize_params: Summarize = found[0] if found else default_summarize
+
+    def recounted(self, counter: TokenCounter) -> ContextPolicy:
+        """This policy measuring with `counter`, sharing its memory of validated transcripts
+        and ledgers (a ledger holds uncalibrated sizes: counters with another calibration
+        ratio on the same base share it; another base builds its own)."""
+        twin = object.__new__(type(self))  # copy.copy costs ten times more, per request
+        twin.__dict__.update(self.__dict__)
+        # a ScaledCounter sizes messages: skip per_message's (slow) Protocol check
+        twin.counter = counter if type(counter) is ScaledCounter else per_message(counter)
+        return twin
 
     # --- sizes -------------------------------------------------------------------------
     def window(self, model: str | None) -> int:
@@ -173,6 +185,8 @@ class ContextPolicy:
         book: SummaryBook | None = None,
         pressure: float = 1.0,
         hashes: Sequence[str] | None = None,
+        conversation: Hashable | None = None,
+        frozen: bool = False,
     ) -> Prepared:
         """The messages to send for `transcript` (see the reference for `pressure`).
 
@@ -182,13 +196,20 @@ class ContextPolicy:
         outputs still in it (the head's and the recent turns' included) are shortened as a
         last resort; `DoesNotFit` only when even that is not enough. `hashes` are the
         transcript's `prefix_hashes` when the caller already has them (a store keeps them),
-        to avoid hashing it again.
+        to avoid hashing it again. `conversation` names it for the policy's memory of what it
+        validated and measured (a store's tenant and id; by default, its opening messages):
+        only a transcript equal to the one remembered, by content, reuses that work.
+        `frozen`: the caller promises that neither the transcript nor its messages will ever
+        change (a store's snapshots), so the messages it shares, as objects, with the frozen
+        transcript prepared last need not be compared again (`ValidatedPrefixes`).
         """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
         steps = default_steps(self.strategies, self.counter)
         grower = partial(grow, steps) if steps is not None else None
-        messages, ledger = self._validated.validate_with(transcript, grower)
+        messages, ledger = self._validated.validate_with(
+            transcript, grower, conversation, frozen=frozen
+        )
         limits = self.limits(model)
         counter = self._counter(model)
         sizes = SizeMemo()
@@ -214,6 +235,7 @@ class ContextPolicy:
             hashes=hashes,
             sizes=sizes,
             report=report,
+            short=short,
         )
         if served is not None:
             return Prepared(served, report)

@@ -13,9 +13,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -230,7 +232,7 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
     """
     sup = Supervisor(grace_s=opts.grace_s, backoff=opts.backoff, say=lambda line: _say(out, line))
     redis: RedisProcess | None = None
-    with sup.signals():
+    with sup.signals(), metrics_dir(opts.workers) as metrics:
         try:
             redis_url = settings.redis_url
             if "redis_url" not in settings.model_fields_set:
@@ -243,8 +245,11 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
             if not sup.stopping:
                 child_env = {**env, "REDIS_URL": redis_url}
                 sup.spawn("worker", worker_argv(settings), child_env)
-                sup.spawn("api", api_argv(opts.host, opts.port, opts.workers), child_env)
+                api_env = child_env if metrics is None else {**child_env, METRICS_DIR: str(metrics)}
+                sup.spawn("api", api_argv(opts.host, opts.port, opts.workers), api_env)
                 _banner(out, opts, settings, redis_url, redis)
+                if metrics is not None:
+                    _say(out, f"/metrics sums the {opts.workers} API processes' files in {metrics}")
                 _wait_ready(sup, opts, out)
                 sup.watch()
         except PrefitError as exc:
@@ -256,6 +261,24 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
             if redis is not None:
                 redis.stop()
     return 0
+
+
+# prometheus_client's own variable: its children then keep their metrics in files there
+METRICS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
+@contextlib.contextmanager
+def metrics_dir(api_processes: int) -> Iterator[Path | None]:
+    """A new, empty directory for the API processes' metrics when there are several (removed
+    when `up` ends), so that `/metrics` sums them; None for one process."""
+    if api_processes <= 1:
+        yield None
+        return
+    path = Path(tempfile.mkdtemp(prefix="prefit-metrics-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _say(out: TextIO, line: str) -> None:

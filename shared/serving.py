@@ -19,6 +19,7 @@ from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarize import summary_message
 
 if TYPE_CHECKING:
+    from shared.cut import Shortcut
     from shared.policy import ContextPolicy
 
 
@@ -27,9 +28,11 @@ def with_best(
     transcript: Sequence[Message],
     book: SummaryBook | None,
     hashes: Sequence[str] | None = None,
+    regions: tuple[int, int] | None = None,
 ) -> tuple[list[Message], SummaryRecord | None]:
-    """The prompt built from `book`'s best record within the protected tail, and the record."""
-    head, tail = policy.regions(transcript)
+    """The prompt built from `book`'s best record within the protected tail, and the record
+    (`regions`: the transcript's `policy.regions` when the caller has them)."""
+    head, tail = regions if regions is not None else policy.regions(transcript)
     record = None
     if book is not None and book.records:
         record = book.best(transcript, upto_max=tail, hashes=hashes)
@@ -50,15 +53,24 @@ def from_book(
     hashes: Sequence[str] | None,
     sizes: SizeMemo,
     report: dict[str, Any],
+    short: Shortcut | None = None,
 ) -> list[Message] | None:
     """[head][summary][rest] from the book's best record, if that is under the trigger
-    (`report` then says so); None otherwise."""
+    (`report` then says so); None otherwise. With the conversation's ledger (`short`) the
+    regions and the prompt's size come from its sums instead of a pass over the messages."""
     if book is None or not book.records:
         return None
-    built, record = with_best(policy, messages, book, hashes)
+    regions = None
+    if short is not None:
+        head = policy.head(messages).end
+        regions = (head, short.tail(head, len(messages), policy.keep_recent))
+    built, record = with_best(policy, messages, book, hashes, regions)
     if record is None:
         return None
-    tokens = math.ceil(measure(counter, built, tools, model, sizes) / report["pressure"])
+    if short is not None and regions is not None:
+        tokens = short.served(regions[0], built[regions[0]], record.upto, len(messages))
+    else:
+        tokens = math.ceil(measure(counter, built, tools, model, sizes) / report["pressure"])
     if tokens > policy.trigger * report["budget"]:
         return None
     summary = {"upto": record.upto, "prefix_hash": record.prefix_hash}

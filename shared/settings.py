@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this
     allow_open: bool = False  # open mode (no API keys) on a non-loopback address
     metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
+    # several API processes on one port: prometheus_client's own variable names the directory
+    # where each keeps its metrics, and /metrics sums them (`prefit up --api-workers N` sets it)
+    metrics_dir: Path | None = Field(
+        default=None, validation_alias=AliasChoices("PROMETHEUS_MULTIPROC_DIR")
+    )
 
     # drop-in proxy (api/proxy): the providers it forwards to, with the deployment's keys
     openai_base_url: str = "https://api.openai.com/v1"

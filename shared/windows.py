@@ -8,12 +8,18 @@ from shared.settings import Settings
 
 
 def service_policy(
-    settings: Settings, max_input_tokens: int, reserve_output: int, counter: TokenCounter
+    settings: Settings,
+    max_input_tokens: int,
+    reserve_output: int,
+    counter: TokenCounter,
+    *,
+    remembered: int = 64,
 ) -> ContextPolicy:
     """The settings' thresholds for one window, and no summarizer.
 
     The API (which must never wait on a model) and the workers (which plan what the API
     will need) must measure the same effective tokens, so neither builds its own.
+    `remembered`: how many conversations the policy remembers validated and measured.
     """
     return ContextPolicy(
         max_input_tokens,
@@ -26,4 +32,5 @@ def service_policy(
         keep_tokens_ratio=settings.keep_tokens_ratio,
         chunk_tokens=settings.chunk_tokens,
         max_summary_tokens=settings.max_summary_tokens,
+        remembered=remembered,
     )

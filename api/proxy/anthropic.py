@@ -9,7 +9,7 @@ client's `anthropic-version` and `anthropic-beta` headers are passed on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from api.proxy.overflow import Overflow, anthropic_figures
@@ -60,8 +60,10 @@ class AnthropicDialect:
     name = ANTHROPIC
     forwarded: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
 
-    def transcript(self, body: Mapping[str, Any]) -> tuple[list[Message], list[ToolSpec]]:
-        given = body.get("messages")
+    def transcript(
+        self, body: Mapping[str, Any], check: Callable[[Any], list[Message]]
+    ) -> tuple[list[Message], list[ToolSpec]]:
+        given = body.get("messages")  # validated as converted: `check` is for OpenAI's format
         if not isinstance(given, list):
             raise InvalidTranscript("'messages' must be a list")
         messages = from_anthropic(body.get("system"), given)

@@ -8,7 +8,7 @@ exception types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from api.proxy.overflow import Overflow
@@ -22,9 +22,13 @@ class Dialect(Protocol):
     name: str  # the upstream's name
     forwarded: tuple[str, ...]  # client headers passed on as they are
 
-    def transcript(self, body: Mapping[str, Any]) -> tuple[list[Message], list[ToolSpec]]:
-        """The request's messages in OpenAI format, validated, and its tool specs as sent
-        (for counting); `InvalidTranscript` if the messages cannot be read."""
+    def transcript(
+        self, body: Mapping[str, Any], check: Callable[[Any], list[Message]]
+    ) -> tuple[list[Message], list[ToolSpec]]:
+        """The request's messages in OpenAI format, validated (by `check` when they come in
+        that format: the app's memo of transcripts checked, `ValidatedPrefixes.validate`),
+        and its tool specs as sent (for counting); `InvalidTranscript` if the messages
+        cannot be read."""
         ...
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:

@@ -73,7 +73,7 @@ class Fitter:
         except StoreUnavailable:
             self._degrade()
             return await self._cheap(1.0)
-        policy = make_policy(self.svc.settings, self.window, counter)
+        policy = self.svc.policies.get(self.window, counter)
         limits = policy.limits(self.window.model)
         tokens = measure(counter, self.messages, self.tools, self.window.model, SizeMemo())
         if tokens <= policy.trigger * limits.budget:

@@ -9,14 +9,14 @@ reaches the client. The other chunks then carry `"usage": null`, which clients a
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from api.proxy.overflow import Overflow, openai_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import OPENAI
 from shared.errors import InvalidTranscript
-from shared.messages import Message, ToolSpec, validate
+from shared.messages import Message, ToolSpec
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
 _CONTEXT = re.compile(r"maximum context length|context[_ ]length|exceeds? the context", re.I)
@@ -57,12 +57,14 @@ class OpenAIDialect:
     name = OPENAI
     forwarded: tuple[str, ...] = ()
 
-    def transcript(self, body: Mapping[str, Any]) -> tuple[list[Message], list[ToolSpec]]:
+    def transcript(
+        self, body: Mapping[str, Any], check: Callable[[Any], list[Message]]
+    ) -> tuple[list[Message], list[ToolSpec]]:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise InvalidTranscript("'messages' must be a list")
         tools = body.get("tools")
-        return validate(messages), list(tools) if isinstance(tools, list) else []
+        return check(messages), list(tools) if isinstance(tools, list) else []
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
         return {**body, "messages": messages}

@@ -113,11 +113,12 @@ class Relay:
         except ConfigError:  # a configured window not larger than its reserve
             return self._skip("no usable window")
         try:
-            messages, tools = self.dialect.transcript(self.body)
+            messages, tools = self.dialect.transcript(self.body, self.svc.validated.validate)
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
         self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
         if len(messages) > self.svc.settings.max_messages:

@@ -78,3 +78,21 @@ def test_ratios_are_read_once_per_ttl_and_remembered_for_degraded_answers() -> N
     with pytest.raises(StoreUnavailable):
         ratios.get("a", "m")
     assert ratios.last_known("a", "m") == 1.0 and ratios.last_known("c", "m") is None
+
+
+def test_a_resent_transcript_borrows_the_cached_message_objects(store: Store, tenant: str) -> None:
+    """A transcript starting with the cached one gets the cache's objects for that part (so
+    later comparisons are identity checks); one that differs anywhere is left as it is."""
+    cache = ConversationCache(Increments(store.client))
+    cid = conv_id()
+    store.conversations.append(tenant, cid, chat(2))
+    cached, _ = cache.load(tenant, cid)
+    resent = [dict(m) for m in chat(2)] + [user("new")]
+    got = cache.shared(tenant, cid, resent)
+    assert got == resent and got[-1] is resent[-1]
+    assert all(a is b for a, b in zip(got, cached.messages, strict=False))
+    edited = [dict(m) for m in chat(2)]
+    edited[1]["content"] = "edited"
+    for other in (edited, chat(2)[:2], [user("x")] * 6):
+        assert cache.shared(tenant, cid, other) is other
+    assert cache.shared(tenant, conv_id(), resent) is resent  # not cached

@@ -23,6 +23,7 @@ from shared.demo import DemoOptions, generate_conversation, load_conversation, r
 from shared.errors import InvalidTranscript
 from shared.messages import groups, validate
 from shared.redisproc import free_port, reachable
+from shared.settings import Settings
 from tests.conftest import ROOT, needs_transcripts, transcript_files
 from tests.redisbackend import needs_redis_server
 
@@ -71,8 +72,8 @@ def _client(fake: FakeService, key: str | None = None) -> PrefitClient:
 def test_subcommands_parse_their_options() -> None:
     """up, worker and demo parse their flags; demo needs exactly one source."""
     parser = cli.build_parser()
-    up = parser.parse_args(["up", "--port", "9000", "--workers", "2", "--redis-dir", "/tmp/r"])
-    assert (up.port, up.workers, up.host, up.redis_dir) == (9000, 2, None, Path("/tmp/r"))
+    up = parser.parse_args(["up", "--port", "9000", "--api-workers", "2", "--redis-dir", "/tmp/r"])
+    assert (up.port, up.api_workers, up.host, up.redis_dir) == (9000, 2, None, Path("/tmp/r"))
     assert parser.parse_args(["worker", "--concurrency", "8"]).concurrency == 8
     demo = parser.parse_args(["demo", "--generate", "--window", "5000"])
     assert (demo.generate, demo.file, demo.window, demo.url) == (True, None, 5000, None)
@@ -80,6 +81,18 @@ def test_subcommands_parse_their_options() -> None:
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args(bad)
         assert exit_.value.code == 2
+
+
+def test_up_takes_the_old_workers_flag_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--workers N` still sets the API processes, and says to use `--api-workers`."""
+    started: list[int] = []
+    monkeypatch.setattr(cli, "run_up", lambda opts, *a: started.append(opts.workers) or 0)
+    for argv in (["up"], ["up", "--api-workers", "3"], ["up", "--workers", "2"]):
+        assert cli._up(cli.build_parser().parse_args(argv), Settings(api_keys="t:k")) == 0
+    assert started == [1, 3, 2]
+    assert capsys.readouterr().err.count("--workers is deprecated, use --api-workers") == 1
 
 
 def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from shared.counters import CalibratedCounter, HeuristicCounter, TiktokenCounter, TokenCounter
 from shared.cut import default_steps
 from shared.errors import DoesNotFit
+from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy, Prepared
 from shared.strategies import ClearToolResults, DropOldest, Summarize, TruncateToolResults
-from shared.summaries import SummaryBook
+from shared.summaries import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, long_session, needs_transcripts, transcript_files
 from tests.shared.generated import transcripts
 
@@ -65,8 +66,10 @@ def assert_same(
     msgs: list[Message],
     **kw: Any,
 ) -> None:
-    expected = _run(loop, slow, msgs, **kw)
-    got = _run(loop, fast, msgs, **kw)
+    same(_run(loop, fast, msgs, **kw), _run(loop, slow, msgs, **kw))
+
+
+def same(got: Prepared | DoesNotFit, expected: Prepared | DoesNotFit) -> None:
     if isinstance(expected, DoesNotFit):
         assert isinstance(got, DoesNotFit) and vars(got) == vars(expected)
         return
@@ -156,20 +159,26 @@ settings_used = st.fixed_dictionaries(
             [(), ({"type": "function", "function": {"name": "bash", "parameters": {}}},)]
         ),
         "book": st.booleans(),
+        "scaled": st.booleans(),  # the ratio fixed for the call, as the API measures
     }
 )
+
+
+def counter_of(s: dict[str, Any]) -> TokenCounter:
+    """A calibrated counter at the settings' ratio, or that ratio fixed (`scaled`)."""
+    counter = CalibratedCounter(HeuristicCounter())
+    if s["ratio"] is not None:
+        counter.observe(None, 1000, int(1000 * s["ratio"]))
+    return counter.scaled(None) if s["scaled"] else counter
 
 
 @settings(max_examples=120, deadline=None)
 @given(transcripts(max_groups=25), settings_used)
 def test_generated_transcripts_with_any_settings(msgs: list[Message], s: dict[str, Any]) -> None:
     """Generated transcripts, replayed, under every setting the ledger depends on."""
-    counter = CalibratedCounter(HeuristicCounter())
-    if s["ratio"] is not None:
-        counter.observe(None, 1000, int(1000 * s["ratio"]))
     fast, slow = twins(
         s["window"],
-        counter,
+        counter_of(s),
         reserve_output=500,
         keep_recent=s["keep_recent"],
         keep_first_user=s["keep_first_user"],
@@ -186,6 +195,76 @@ def test_generated_transcripts_with_any_settings(msgs: list[Message], s: dict[st
         replay(loop, fast, slow, msgs, **kw)
     finally:
         loop.close()
+
+
+@settings(max_examples=120, deadline=None)
+@given(transcripts(max_groups=25), settings_used, st.integers(0, 10_000), st.sampled_from([1, 400]))
+def test_a_stored_summary_served_from_the_ledger(
+    msgs: list[Message], s: dict[str, Any], seed: int, words: int
+) -> None:
+    """A book holding a record: served, or cut past, exactly as without the ledger."""
+    ends = [end for _, end in groups(msgs)]
+    upto = ends[seed % len(ends)]
+    record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "summary " * words)
+    fast, slow = twins(
+        s["window"], counter_of(s), reserve_output=500, keep_recent=s["keep_recent"],
+        keep_first_user=s["keep_first_user"], truncate=s["truncate"], clear=s["clear"],
+    )  # fmt: skip
+    kw = {"tools": s["tools"], "pressure": s["pressure"], "book": SummaryBook([record])}
+    loop = asyncio.new_event_loop()
+    try:
+        replay(loop, fast, slow, msgs, **kw)
+    finally:
+        loop.close()
+
+
+@needs_transcripts
+def test_a_long_session_served_from_records(loop: asyncio.AbstractEventLoop) -> None:
+    """The long session with a record every few groups, at 128k: the same prompt and report."""
+    session = long_session(1000)
+    hashes = prefix_hashes(session)
+    ends = [end for _, end in groups(session)]
+    book = SummaryBook([SummaryRecord(e, hashes[e], "summary " * 300) for e in ends[5::40]])
+    fast, slow = twins(128_000, HeuristicCounter())
+    replay(loop, fast, slow, session, every=5, book=book)
+
+
+@needs_transcripts
+def test_frozen_snapshots_of_a_stored_conversation(loop: asyncio.AbstractEventLoop) -> None:
+    """Snapshots as a store's cache hands them out (new lists, shared messages, frozen),
+    named, with a record in the book: the same prompt and report as the strategies."""
+    session = long_session(400)
+    hashes = prefix_hashes(session)
+    ends = [end for _, end in groups(session)]
+    book = SummaryBook([SummaryRecord(ends[30], hashes[ends[30]], "summary " * 300)])
+    fast, slow = twins(32_000, HeuristicCounter())
+    for end in [*ends[::3], len(session)]:
+        snapshot = session[:end]
+        kw: dict[str, Any] = {"book": book, "hashes": hashes[: end + 1]}
+        expected = _run(loop, slow, snapshot, **kw)
+        for _ in range(2):  # the first compares, the second recognises the snapshot
+            same(_run(loop, fast, snapshot, conversation=("t", "c"), frozen=True, **kw), expected)
+
+
+def test_tool_results_in_the_head_are_truncated_too(loop: asyncio.AbstractEventLoop) -> None:
+    """A tool result kept in the head (a small gap before the task) over `max_chars` is
+    shortened, as the strategy shortens it, whether groups are dropped or not."""
+    call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    opening: list[Message] = [
+        {"role": "system", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c0", "content": "x" * 11},
+        {"role": "user", "content": "task"},
+    ]
+    for turns in (3, 40):
+        msgs = list(opening)
+        for i in range(turns):
+            msgs += [{"role": "user", "content": f"q{i} " + "w " * 60}]
+            msgs += [{"role": "assistant", "content": "a " * 60}]
+        fast, slow = twins(
+            2_000, HeuristicCounter(), reserve_output=500, truncate={"max_chars": 10}
+        )
+        assert_same(loop, fast, slow, msgs, pressure=0.3 if turns == 3 else 1.0)
 
 
 def test_a_message_changed_in_place_is_seen(loop: asyncio.AbstractEventLoop) -> None:

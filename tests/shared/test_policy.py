@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.counters import HeuristicCounter
+from shared.counters import HeuristicCounter, ScaledCounter
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
 from shared.hashing import prefix_hashes
 from shared.llm import Completion
@@ -393,3 +393,21 @@ def test_stale_only_when_a_record_is_due(msgs: list[Message], window: int) -> No
         return
     if out.report["stale"]:
         assert policy.plan_summary(msgs, book=SummaryBook()) is not None
+
+
+def test_a_recounted_policy_prepares_as_a_new_one_would() -> None:
+    """Copies measuring at other ratios share what the policy remembers, and each answers
+    exactly as a policy built with its counter (the remembered sizes are uncalibrated)."""
+    msgs = chat(60)
+    hashes = prefix_hashes(msgs)
+    book = SummaryBook([SummaryRecord(122, hashes[122], "THE SUMMARY")])
+    kept = ContextPolicy(12_000, counter=COUNTER)
+    for turn, ratio in enumerate([1.0, 1.3, 0.7, 1.3, 1.0]):
+        n = len(msgs) - 3 * (4 - turn)
+        counter = ScaledCounter(COUNTER, ratio)
+        for shelf in (None, book):
+            kw: dict[str, Any] = {"book": shelf, "hashes": hashes[: n + 1]}
+            got = run(kept.recounted(counter).prepare(msgs[:n], conversation="c", **kw))
+            fresh = run(ContextPolicy(12_000, counter=counter).prepare(msgs[:n], **kw))
+            assert (got.messages, got.report) == (fresh.messages, fresh.report)
+    assert kept.counter is COUNTER

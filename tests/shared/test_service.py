@@ -282,3 +282,14 @@ def _started_pid(log: Path, child: str) -> int:
         if '"service.child_started"' in line and f'"child": "{child}"' in line:
             return int(json.loads(line)["pid"])
     raise AssertionError(f"no {child} start in the log")
+
+
+def test_several_api_processes_get_a_metrics_directory_of_their_own() -> None:
+    """One API process needs none; several get a new, empty directory, gone afterwards."""
+    with service.metrics_dir(1) as none:
+        assert none is None
+    with service.metrics_dir(2) as first, service.metrics_dir(2) as second:
+        assert first is not None and second is not None and first != second
+        assert first.is_dir() and not any(first.iterdir())
+        (first / "counter_1.db").write_bytes(b"x")
+    assert not first.exists() and not second.exists()

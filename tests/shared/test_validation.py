@@ -116,3 +116,55 @@ def test_a_failing_grow_forgets_the_conversation() -> None:
     with pytest.raises(RuntimeError):
         memo.validate_with([*msgs, {"role": "user", "content": "b"}], broken)
     assert memo.validate_with(msgs, lambda s, m: s if s is not None else [-1])[1] == [-1]
+
+
+def test_named_conversations_that_open_alike_are_remembered_apart() -> None:
+    """Two conversations with one opening, named, each keep their state between calls."""
+    memo: ValidatedPrefixes[str] = ValidatedPrefixes()
+    opening = [{"role": "system", "content": "agent"}, {"role": "user", "content": "task"}]
+    a, b = [*opening, *turn(0)], [*opening, *turn(1)]
+    given: list[str | None] = []
+
+    def grow(state: str | None, msgs: list[dict[str, Any]]) -> str:
+        given.append(state)
+        return str(msgs[-1]["content"])
+
+    for name in ("a", "b", "a", "b"):
+        memo.validate_with(a if name == "a" else b, grow, ("tenant", name))
+    assert given == [None, None, "out 0", "out 1"]
+    given.clear()
+    for msgs in (a, b, a):  # unnamed, they share the opening's entry and evict each other
+        memo.validate_with(msgs, grow)
+    assert given == [None, None, None]
+
+
+def test_a_name_never_lets_other_content_pass() -> None:
+    """A transcript under a name remembered for other messages is checked in full."""
+    memo = ValidatedPrefixes()
+    msgs = [{"role": "user", "content": "task"}, *turn(0)]
+    memo.validate_with(msgs, None, "chat-1")
+    broken = [{"role": "user", "content": "task"}, turn(0)[1], turn(0)[0]]
+    with pytest.raises(InvalidTranscript, match="message 1"):
+        memo.validate_with(broken, None, "chat-1")
+
+
+def test_frozen_snapshots_are_recognised_by_their_messages() -> None:
+    """Snapshots sharing message objects skip the comparison, and still get the same verdicts
+    and state as checked transcripts; an equal copy of other objects is compared as usual."""
+    memo: ValidatedPrefixes[int] = ValidatedPrefixes()
+    given: list[int | None] = []
+
+    def grow(state: int | None, msgs: list[dict[str, Any]]) -> int:
+        given.append(state)
+        return len(msgs)
+
+    msgs = [{"role": "user", "content": "task"}, *turn(0), *turn(1), *turn(2)]
+    for end in (3, 3, 5, 7):
+        snapshot = msgs[:end]  # a new list each time, the same message objects
+        assert memo.validate_with(snapshot, grow, "c", frozen=True)[0] == validate(snapshot)
+    assert given == [None, 3, 3, 5]
+    rebuilt = [dict(m) for m in msgs]  # equal, other objects: compared, then reused
+    memo.validate_with(rebuilt, grow, "c", frozen=True)
+    assert given[-1] == 7
+    with pytest.raises(InvalidTranscript, match="message 7"):
+        memo.validate_with([*rebuilt, turn(3)[1]], grow, "c", frozen=True)

@@ -78,7 +78,9 @@ def test_a_permanent_fault_is_called_once_per_breaker_period(
     assert statuses["breaker_open"] + statuses["blocked"] >= 25
     assert fake.calls and all(c.at <= max(x.at for x in letters) for c in fake.calls)
     if fault != "context_length":  # that one halves the chunk down to one turn group first,
-        assert len(fake.calls) == 1 and len(letters) == 1  # while other jobs may start calling
+        # while other jobs may start calling. Jobs of other conversations already calling when
+        # the first failure came back fail too (one each, dead-lettered); none calls after it
+        assert len(fake.calls) == len(letters) <= 3
     breaker = store.breakers.state(str(provider_id(settings)))
     assert breaker.state == "open" and breaker.failures == 1
     assert store.records.list(tenant, "c1") == []
