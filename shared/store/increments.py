@@ -4,8 +4,12 @@ A process that keeps a conversation in memory (the API's cache) knows its first 
 and the prefix hash of them. `since` checks, atomically and in one round trip, that the
 stored chain still has that hash at `k` and returns only the messages (as stored, canonical
 JSON bytes) and prefix hashes after it, together with the conversation's best summary
-record (the store's own `records.BEST` script, in the same transaction). A replaced
-transcript fails the check and the reader asks again from 0.
+record (the store's own `records.BEST`, run inside the same script). A replaced transcript
+fails the check and the reader asks again from 0.
+
+It is one script rather than a MULTI of six commands: the stored prepare makes this read on
+every call, and packing, queueing and parsing six commands cost the API process more CPU
+than the script does.
 
 `AsyncIncrements` is the same read on a `redis.asyncio` client, for an event loop that must
 not block on Redis nor pay a thread hop on its hottest path.
@@ -13,6 +17,7 @@ not block on Redis nor pay a thread hop on its hottest path.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +31,29 @@ from shared.store.chain import EMPTY
 from shared.store.client import guarded, text
 from shared.store.records import BEST
 from shared.summaries import SummaryRecord
+
+# KEYS: meta, messages, hashes, record index. ARGV: start, the empty chain's hash, the
+# caller's prefix hash at start, record prefix. Returns exists, length, the stored hash at
+# start, the messages and hashes after it (none unless that hash is the caller's), and the
+# best record (`records.BEST`, in a function of its own).
+SINCE = (
+    "local function best(KEYS, ARGV)\n"
+    + BEST
+    + """
+end
+local start = tonumber(ARGV[1])
+local exists = redis.call('EXISTS', KEYS[1])
+local length = redis.call('LLEN', KEYS[2])
+local at_start = ARGV[2]
+if start > 0 then at_start = redis.call('LINDEX', KEYS[3], start - 1) end
+local raw, chain = {}, {}
+if exists == 1 and at_start == ARGV[3] then
+  raw = redis.call('LRANGE', KEYS[2], start, -1)
+  chain = redis.call('LRANGE', KEYS[3], start, -1)
+end
+return {exists, length, at_start, raw, chain, best({KEYS[4], KEYS[3]}, {ARGV[4], '+inf', 'stored'})}
+"""
+)
 
 
 @dataclass(frozen=True)
@@ -52,33 +80,20 @@ class Increments:
 
     def __init__(self, client: redis.Redis) -> None:
         self._r = client
-        self._best = client.register_script(BEST)
+        self._sha = _sha1(SINCE)
 
     @guarded
     def since(self, tenant: str, conv_id: str, *, start: int, prefix_hash: str) -> Increment:
         """Messages, hashes and best record after the first `start`, if those still match."""
         try:
             return self._since(tenant, conv_id, start, prefix_hash)
-        except redis.exceptions.NoScriptError:  # a restarted Redis forgot the script
-            self._r.script_load(BEST)
+        except redis.exceptions.NoScriptError:  # first use, or a restarted Redis
+            self._r.script_load(SINCE)
             return self._since(tenant, conv_id, start, prefix_hash)
 
     def _since(self, tenant: str, conv_id: str, start: int, prefix_hash: str) -> Increment:
-        msgs, hashes = keys.conv_messages(tenant, conv_id), keys.conv_hashes(tenant, conv_id)
-        pipe = self._r.pipeline(transaction=True)
-        pipe.exists(keys.conv_meta(tenant, conv_id))
-        pipe.llen(msgs)
-        if start > 0:
-            pipe.lindex(hashes, start - 1)
-        else:
-            pipe.echo(EMPTY)
-        pipe.lrange(msgs, start, -1)
-        pipe.lrange(hashes, start, -1)
-        best_keys = [keys.conv_index(tenant, conv_id), hashes]
-        args: list[Any] = [keys.record_prefix(tenant), "+inf", "stored"]
-        pipe.evalsha(self._best.sha, len(best_keys), *best_keys, *args)
-        exists, length, at_start, raw, chain, best = pipe.execute()
-        return _increment(start, prefix_hash, exists, length, at_start, raw, chain, best)
+        reply = self._r.evalsha(self._sha, 4, *_arguments(tenant, conv_id, start, prefix_hash))
+        return _increment(start, prefix_hash, *reply)
 
 
 class AsyncIncrements:
@@ -86,7 +101,7 @@ class AsyncIncrements:
 
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._r = client
-        self._sha = _sha1(BEST)
+        self._sha = _sha1(SINCE)
 
     async def aclose(self) -> None:
         await self._r.aclose()
@@ -97,27 +112,29 @@ class AsyncIncrements:
             try:
                 return await self._since(tenant, conv_id, start, prefix_hash)
             except redis.exceptions.NoScriptError:  # first use, or a restarted Redis
-                await self._r.script_load(BEST)
+                await self._r.script_load(SINCE)
                 return await self._since(tenant, conv_id, start, prefix_hash)
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
             raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
 
     async def _since(self, tenant: str, conv_id: str, start: int, prefix_hash: str) -> Increment:
-        msgs, hashes = keys.conv_messages(tenant, conv_id), keys.conv_hashes(tenant, conv_id)
-        pipe = self._r.pipeline(transaction=True)
-        pipe.exists(keys.conv_meta(tenant, conv_id))
-        pipe.llen(msgs)
-        if start > 0:
-            pipe.lindex(hashes, start - 1)
-        else:
-            pipe.echo(EMPTY)
-        pipe.lrange(msgs, start, -1)
-        pipe.lrange(hashes, start, -1)
-        best_keys = [keys.conv_index(tenant, conv_id), hashes]
-        args: list[Any] = [keys.record_prefix(tenant), "+inf", "stored"]
-        pipe.evalsha(self._sha, len(best_keys), *best_keys, *args)
-        exists, length, at_start, raw, chain, best = await pipe.execute()
-        return _increment(start, prefix_hash, exists, length, at_start, raw, chain, best)
+        args = _arguments(tenant, conv_id, start, prefix_hash)
+        reply = await self._r.evalsha(self._sha, 4, *args)
+        return _increment(start, prefix_hash, *reply)
+
+
+def _arguments(tenant: str, conv_id: str, start: int, prefix_hash: str) -> list[Any]:
+    """The keys and arguments of `SINCE`."""
+    return [
+        keys.conv_meta(tenant, conv_id),
+        keys.conv_messages(tenant, conv_id),
+        keys.conv_hashes(tenant, conv_id),
+        keys.conv_index(tenant, conv_id),
+        start,
+        EMPTY,
+        prefix_hash,
+        keys.record_prefix(tenant),
+    ]
 
 
 def _increment(
@@ -141,8 +158,15 @@ def _increment(
         matches=matches,
         raw=list(raw) if matches else [],
         hashes=[text(h) for h in chain] if matches else [],
-        best=SummaryRecord.from_json(best) if best is not None else None,
+        best=_record(best) if best is not None else None,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _record(raw: bytes) -> SummaryRecord:
+    """A stored record's value: every read returns the best record again, parsed once here
+    (records are frozen, so one parsed value serves every reader of the same bytes)."""
+    return SummaryRecord.from_json(raw)
 
 
 def _sha1(script: str) -> str:
