@@ -72,16 +72,44 @@ def pytest_report_header() -> str:
     return describe()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cluster_backend() -> Iterator[str | None]:
+    """On the cluster backend, the cluster's URL, with the session's environment in cluster
+    mode (PREFIT_REDIS_CLUSTER, and PREFIT_BROKER_URL on a throwaway redis-server) before any
+    test builds its `Settings`; None (and nothing started) on the others."""
+    if backend().kind != "cluster":
+        yield None
+        return
+    from shared.clusterproc import ClusterProcess
+    from shared.redisproc import RedisProcess
+
+    with ClusterProcess() as cluster, RedisProcess() as broker:
+        mode = {"PREFIT_REDIS_CLUSTER": "true", "PREFIT_BROKER_URL": broker.url}
+        saved = {name: os.environ.get(name) for name in mode}
+        os.environ.update(mode)
+        try:
+            yield cluster.url
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def redis_url(cluster_backend: str | None) -> Iterator[str]:
     """A URL of the Redis `tests.redisbackend` chose: REDIS_URL, a throwaway redis-server of
-    our own, or fakeredis over TCP (a machine without Redis).
+    our own, fakeredis over TCP (a machine without Redis), or a node of a throwaway cluster.
 
     Tests never flush: they write under a unique tenant (see `tenant`).
     """
     from shared.redisproc import RedisProcess
 
     chosen = backend()
+    if cluster_backend is not None:
+        yield cluster_backend
+        return
     if chosen.url is not None:
         yield chosen.url
         return

@@ -38,7 +38,7 @@ def test_the_switch_and_the_fallback(choose: pytest.MonkeyPatch) -> None:
     with pytest.raises(pytest.UsageError, match="no redis-server is installed"):
         backend()
     choose.setenv(SWITCH, "memcached")
-    with pytest.raises(pytest.UsageError, match="must be 'server' or 'fakeredis'"):
+    with pytest.raises(pytest.UsageError, match="must be 'server', 'fakeredis' or 'cluster'"):
         backend()
 
 
