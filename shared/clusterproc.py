@@ -1,9 +1,10 @@
 """A throwaway Redis Cluster on loopback: for the tests and benchmarks of the cluster store.
 
-`ClusterProcess(3)` starts three `redis-server --cluster-enabled yes` children (shared/redisproc.py),
-each on a free port and in a temporary directory of its own (a node keeps its cluster state in
-`nodes.conf` there), joins them with `redis-cli --cluster create ... --cluster-replicas 0`
-(the slots split evenly, no replicas) and waits until every node reports `cluster_state:ok`.
+`ClusterProcess(3)` starts three `redis-server --cluster-enabled yes` children
+(shared/redisproc.py), each on a free port and in a temporary directory of its own (a node
+keeps its cluster state in `nodes.conf` there), joins them with `redis-cli --cluster create
+... --cluster-replicas 0` (the slots split evenly, no replicas) and waits until every node
+reports `cluster_state:ok`.
 `url` names the first node, as `REDIS_URL` would; a cluster client finds the others from it.
 
 No persistence, as for `RedisProcess`; a node is not restarted (nodes.conf would need its old

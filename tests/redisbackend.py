@@ -128,6 +128,25 @@ def _no_server_reason() -> str | None:
     return None
 
 
+def _no_cluster_reason() -> str | None:
+    """Why a test cannot have a Redis Cluster here (its session's, or one of its own)."""
+    chosen = backend()
+    if chosen.kind == "cluster":
+        return None
+    if chosen.kind == "fakeredis":
+        return f"the suite runs on fakeredis ({chosen.why}): no Redis Cluster to start"
+    if find_redis_cli(find_redis_server()) is None:
+        return "a throwaway Redis Cluster needs redis-server and redis-cli installed"
+    return None
+
+
+def require_cluster() -> None:
+    """Skip the calling test or fixture when no Redis Cluster can be had."""
+    reason = _no_cluster_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
 needs_redis_server = pytest.mark.skipif(
     _no_server_reason() is not None, reason=_no_server_reason() or ""
 )

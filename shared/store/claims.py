@@ -168,7 +168,8 @@ class Claims:
         """
         ks, args = put_args(tenant, conv_id, record, self._ttl, only_if_absent=True)
         usage_keys, usage = usage_args(tenant, *spent, summaries=summaries)
-        wrote, stored = put_result(self._count_and_put(usage_keys, usage, ks, args), conv_id, args[0])
+        reply = self._count_and_put(usage_keys, usage, ks, args)
+        wrote, stored = put_result(reply, conv_id, args[0])
         self._records.publish(tenant, conv_id, record.prefix_hash, stored, overwrite=False)
         return wrote
 

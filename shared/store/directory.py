@@ -93,7 +93,9 @@ class Directory:
         try:
             self._run(self._drop, ks, [keys.check_id("conversation", conv_id)])
         except StoreUnavailable:
-            log.warning("directory.drop_failed", tenant=tenant, conv_id=conv_id, records=len(ks) // 2)
+            log.warning(
+                "directory.drop_failed", tenant=tenant, conv_id=conv_id, copies=len(ks) // 2
+            )
 
     @guarded
     def _run(self, script: Any, ks: list[str], args: list[Any]) -> None:

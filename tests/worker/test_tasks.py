@@ -160,9 +160,9 @@ def test_unexpected_error_is_dead_lettered_without_its_message(
     assert store.records.list(tenant, "c1") == []
 
 
-def redeliver(redis_url: str, queue: str) -> None:
+def redeliver(broker_url: str, queue: str) -> None:
     """Flag the queued message as the broker flags one whose worker died (kombu's restore)."""
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(broker_url)
     try:
         raw = client.rpop(queue)
         assert isinstance(raw, bytes), "no message queued"
@@ -187,7 +187,7 @@ def test_a_redelivery_counts_as_an_attempt(
     store.conversations.append(tenant, "c1", chat(30))
     app = app_for(settings)
     task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), priority=0)
-    redeliver(redis_url, settings.summary_queue)
+    redeliver(settings.broker, settings.summary_queue)
     with running_worker(app) as runs:
         (outcome,) = runs.wait([task_id])
     assert [r.countdown for r in runs.retried] == [0.0]
@@ -202,7 +202,7 @@ def test_redeliveries_beyond_the_limit_are_dead_lettered(
     store.conversations.append(tenant, "c1", chat(30))
     app = app_for(settings)
     task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), priority=0)
-    redeliver(redis_url, settings.summary_queue)
+    redeliver(settings.broker, settings.summary_queue)
     with running_worker(app) as runs:
         (outcome,) = runs.wait([task_id])
     assert outcome["status"] == "dead_letter" and runs.retried == [] and fake.calls == []
