@@ -1,12 +1,14 @@
 """API latency: prepare served from summaries made ahead vs made inline, and append vs length.
 
     uv run python bench/api_latency.py [--clients 16] [--requests 320] [--appends 100]
-                                       [--sizes 1000,16000,64000,128000,200000]
+                                       [--sizes 1000,16000,64000,128000,200000] [--cluster]
 
-Starts its own redis-server and the API under uvicorn (`uvicorn api.app:app`, one process,
-its own CPU), stores one conversation per size (real transcripts stitched together, counted
-with the API's heuristic counter), computes their summaries ahead of time the way a worker
-does (`shared.precompute.run_job` with the offline extractive summarizer), then measures:
+Starts its own redis-server (with `--cluster`, a throwaway 3-master Redis Cluster as the store
+and the redis-server as the broker: docs/scaling.md) and the API under uvicorn (`uvicorn
+api.app:app`, one process, its own CPU), stores one conversation per size (real transcripts
+stitched together, counted with the API's heuristic counter), computes their summaries ahead
+of time the way a worker does (`shared.precompute.run_job` with the offline extractive
+summarizer), then measures:
 
 - prepare: `--clients` concurrent httpx clients send `--requests` stored prepares per size
   (each response read in full); client-observed p50/p99 and the server's own latency from its
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -40,6 +43,7 @@ from typing import Any
 
 import httpx
 
+from shared.clusterproc import ClusterProcess
 from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
 from shared.head import head_end
@@ -265,18 +269,25 @@ def main() -> None:
     ap.add_argument("--appends", type=int, default=100)
     ap.add_argument("--llm-delay", type=float, default=1.5)
     ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    ap.add_argument("--cluster", action="store_true", help="the store on a Redis Cluster")
     args = ap.parse_args()
     with (
         RedisProcess() as redis,
+        ClusterProcess() if args.cluster else contextlib.nullcontext() as cluster,
         FakeLLM(delay=args.llm_delay) as fake,
         tempfile.TemporaryDirectory() as tmp,
     ):
+        store_url = cluster.url if cluster is not None else redis.url
         settings = Settings(
-            redis_url=redis.url, models={MODEL: ModelWindow(max_input_tokens=WINDOW)}
+            redis_url=store_url,
+            redis_cluster=cluster is not None,
+            broker_url=redis.url,
+            models={MODEL: ModelWindow(max_input_tokens=WINDOW)},
         )
-        store = Store.from_url(redis.url, settings)
+        store = Store.from_url(store_url, settings)
         log = Path(tmp) / "api.log"
-        proc, url = start_api(redis.url, log, args.workers)
+        mode = {"PREFIT_REDIS_CLUSTER": str(cluster is not None), "PREFIT_BROKER_URL": redis.url}
+        proc, url = start_api(store_url, log, args.workers, mode)
         try:
             floor, wall = asyncio.run(load(url, "/healthz", None, args.clients, args.requests))
             rows = [
@@ -343,7 +354,8 @@ def print_table(
     rows: list[dict[str, Any]], args: argparse.Namespace, floor: tuple[float, float, float]
 ) -> None:
     print(
-        f"\nuvicorn workers: {args.workers}; prepare: 1 client x {args.single} requests, then "
+        f"\nstore: {'a 3-master Redis Cluster' if args.cluster else 'a redis-server'}; "
+        f"uvicorn workers: {args.workers}; prepare: 1 client x {args.single} requests, then "
         f"{args.clients} concurrent clients x {args.requests} requests per size; inline "
         f"summary: {args.clients} concurrent, LLM answering in {args.llm_delay} s; append: "
         f"{args.appends} sequential. Latencies in ms (inline in s), p50 / p99.\n"

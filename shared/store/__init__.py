@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis
+
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
 from shared.settings import Settings
@@ -130,11 +132,14 @@ class Store:
     def check_mode(self, url: str) -> None:
         """At start-up: `ConfigError` if Redis's cluster mode is not the one the store was
         built for (`INFO cluster`), naming REDIS_URL and PREFIT_REDIS_CLUSTER. A Redis that
-        does not answer now is not an error here (its commands fail until it does)."""
+        does not answer now, or refuses INFO (some hosted ones, fakeredis), is not an error
+        here: its commands fail until it answers."""
         try:
             guarded(check_mode)(self.client, url)
         except StoreUnavailable:
             log.warning("store.mode_unchecked", reason="redis did not answer")
+        except redis.ResponseError as exc:
+            log.warning("store.mode_unchecked", reason=f"INFO refused: {exc}"[:200])
 
     def ping(self) -> bool:
         """True if Redis answers now (for readiness checks); never raises."""
