@@ -19,7 +19,6 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from types import TracebackType
 
 import redis
 
@@ -110,12 +109,7 @@ class ClusterProcess:
     def __enter__(self) -> ClusterProcess:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def _node(self, exe: str) -> RedisProcess:

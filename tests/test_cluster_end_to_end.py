@@ -7,24 +7,24 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
-import httpx
 import pytest
-from celery.contrib.testing.worker import start_worker
-from celery.signals import task_postrun
 
-from api.app import create_app
 from shared import keys
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import make_settings
-from tests.api.server import serve
-from tests.api.test_end_to_end import Finished, _client, _settled, _total, _wait
+from tests.api.test_end_to_end import (
+    Finished,
+    _client,
+    _settled,
+    _total,
+    _wait,
+    api_and_worker,
+    append_turn_by_turn,
+)
 from tests.conftest import TRANSCRIPTS, load_transcript, needs_transcripts
 from tests.shared.store.helpers import tenant_keys
-from worker.app import make_app
-from worker.runtime import Runtime
 
 NAME = "mswea_gemini3pro__django__django-13933.json"  # 132 messages, ~46k tokens
 WINDOW, RESERVE = 34_000, 2_000
@@ -43,39 +43,8 @@ def stack(cluster_url: str, standalone_url: str) -> Iterator[Stack]:
     )  # fmt: skip
     settings.models[model].max_input_tokens = WINDOW
     settings.models[model].reserve_output = RESERVE
-    runtime = Runtime(settings)
-    runtime.check_store()
-    worker = make_app(settings, runtime=runtime)
-    finished = Finished(worker)
-    task_postrun.connect(finished.on_postrun, weak=False)
-    try:
-        with (
-            start_worker(worker, pool="threads", concurrency=4, perform_ping_check=False,
-                         loglevel="WARNING", shutdown_timeout=30),
-            serve(create_app(settings)) as url,
-        ):  # fmt: skip
-            yield url, settings, finished, runtime.store
-    finally:
-        task_postrun.disconnect(finished.on_postrun)
-        runtime.close()
-
-
-def _append_turn_by_turn(
-    client: httpx.Client, finished: Finished, cid: str, model: str, msgs: list[Any]
-) -> list[dict[str, Any]]:
-    """Each message appended, the workers left to finish, then a prepare: its reports."""
-    reports = []
-    for i, message in enumerate(msgs):
-        r = client.post(
-            f"/v1/conversations/{cid}/messages",
-            json={"messages": [message], "model": model, "expected_length": i},
-        )
-        assert r.status_code == 200, r.text
-        _wait(lambda: _settled(client, finished))
-        p = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model})
-        assert p.status_code == 200, p.text
-        reports.append(p.json()["report"])
-    return reports
+    with api_and_worker(settings) as (url, finished, runtime):
+        yield url, settings, finished, runtime.store
 
 
 @needs_transcripts
@@ -90,7 +59,7 @@ def test_a_transcript_on_a_cluster_store_is_served_from_summaries_made_ahead(
     msgs = load_transcript(TRANSCRIPTS / NAME)["messages"]
     cid, fork = f"c-{uuid.uuid4().hex[:8]}", f"f-{uuid.uuid4().hex[:8]}"
     with _client(url, settings, 0) as client:
-        reports = _append_turn_by_turn(client, finished, cid, model, msgs)
+        reports = append_turn_by_turn(client, finished, cid, model, msgs)
         info = client.get(f"/v1/conversations/{cid}").json()
         made = store.usage.get(tenant).summaries
 

@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -57,23 +58,32 @@ class Finished:
             return len(self.ids)
 
 
-@pytest.fixture
-def stack(e2e_settings: Settings) -> Iterator[tuple[str, Settings, Finished]]:
-    """The API under uvicorn and an in-process Celery worker (threads) on the same Redis."""
-    runtime = Runtime(e2e_settings)
-    worker = make_app(e2e_settings, runtime=runtime)
+@contextmanager
+def api_and_worker(settings: Settings) -> Iterator[tuple[str, Finished, Runtime]]:
+    """The API under uvicorn and an in-process Celery worker (threads) on `settings`' store
+    and broker; the worker checks its store first, as `prefit worker` does."""
+    runtime = Runtime(settings)
+    runtime.check_store()
+    worker = make_app(settings, runtime=runtime)
     finished = Finished(worker)
     task_postrun.connect(finished.on_postrun, weak=False)
     try:
         with (
             start_worker(worker, pool="threads", concurrency=4, perform_ping_check=False,
                          loglevel="WARNING", shutdown_timeout=30),
-            serve(create_app(e2e_settings)) as url,
+            serve(create_app(settings)) as url,
         ):  # fmt: skip
-            yield url, e2e_settings, finished
+            yield url, finished, runtime
     finally:
         task_postrun.disconnect(finished.on_postrun)
         runtime.close()
+
+
+@pytest.fixture
+def stack(e2e_settings: Settings) -> Iterator[tuple[str, Settings, Finished]]:
+    """The API and a worker on the same Redis."""
+    with api_and_worker(e2e_settings) as (url, finished, _):
+        yield url, e2e_settings, finished
 
 
 def _client(url: str, settings: Settings, which: int) -> httpx.Client:
@@ -103,6 +113,24 @@ def _settled(client: httpx.Client, finished: Finished) -> bool:
     return claimed == done and finished.count() >= sent
 
 
+def append_turn_by_turn(
+    client: httpx.Client, finished: Finished, cid: str, model: str, msgs: list[Any]
+) -> list[dict[str, Any]]:
+    """Each message appended, the workers left to finish, then a prepare: its reports."""
+    reports = []
+    for i, message in enumerate(msgs):
+        r = client.post(
+            f"/v1/conversations/{cid}/messages",
+            json={"messages": [message], "model": model, "expected_length": i},
+        )
+        assert r.status_code == 200, r.text
+        _wait(lambda: _settled(client, finished))
+        p = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model})
+        assert p.status_code == 200, p.text
+        reports.append(p.json()["report"])
+    return reports
+
+
 @needs_transcripts
 def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
     stack: tuple[str, Settings, Finished],
@@ -116,18 +144,8 @@ def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
     [model] = settings.models
     msgs = load_transcript(TRANSCRIPTS / NAME)["messages"]
     cid = conv_id()
-    reports = []
     with _client(url, settings, 0) as client:
-        for i, message in enumerate(msgs):
-            r = client.post(
-                f"/v1/conversations/{cid}/messages",
-                json={"messages": [message], "model": model, "expected_length": i},
-            )
-            assert r.status_code == 200, r.text
-            _wait(lambda: _settled(client, finished))
-            p = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model})
-            assert p.status_code == 200, p.text
-            reports.append(p.json()["report"])
+        reports = append_turn_by_turn(client, finished, cid, model, msgs)
         info = client.get(f"/v1/conversations/{cid}").json()
         metrics = client.get("/metrics").text
     over = [r for r in reports if r["tokens_before"] > r["trigger_tokens"]]
