@@ -139,14 +139,9 @@ def record(tenant: str, conv_id: str, prefix_hash: str) -> str:
 REFS_SUFFIX = ":refs"
 
 
-def directory_prefix(tenant: str) -> str:
-    """What `directory` puts before the prefix hash (Lua scripts build entry keys from it)."""
-    return f"{_tenant(tenant)}:dir:"
-
-
 def directory(tenant: str, prefix_hash: str) -> str:
     """STRING: a copy of a record some conversation of the tenant holds for this prefix."""
-    return directory_prefix(tenant) + check_prefix_hash(prefix_hash)
+    return f"{_tenant(tenant)}:dir:{check_prefix_hash(prefix_hash)}"
 
 
 def directory_refs(tenant: str, prefix_hash: str) -> str:

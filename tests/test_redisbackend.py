@@ -42,6 +42,18 @@ def test_the_switch_and_the_fallback(choose: pytest.MonkeyPatch) -> None:
         backend()
 
 
+def test_the_cluster_switch_needs_redis_cli(choose: pytest.MonkeyPatch) -> None:
+    """`cluster` is chosen when asked, named in the header, and refused without redis-cli."""
+    choose.setenv(SWITCH, "cluster")
+    choose.setattr(redisbackend, "find_redis_cli", lambda server: "/usr/bin/redis-cli")
+    assert backend() == redisbackend.Backend("cluster", f"{SWITCH}=cluster")
+    assert "Redis Cluster" in redisbackend.describe()
+    backend.cache_clear()
+    choose.setattr(redisbackend, "find_redis_cli", lambda server: None)
+    with pytest.raises(pytest.UsageError, match="needs redis-server and redis-cli"):
+        backend()
+
+
 def test_a_reachable_redis_url_wins(choose: pytest.MonkeyPatch, redis_url: str) -> None:
     """REDIS_URL, when set and answering, is used as it is."""
     choose.setenv("REDIS_URL", redis_url)

@@ -89,7 +89,6 @@ def test_the_tenant_pattern_matches_the_tenants_keys_only() -> None:
 def test_record_keys_build_from_their_prefix() -> None:
     """The Lua scripts' concatenation gives exactly the keys keys.py formats."""
     assert keys.record("t", "c", H) == keys.record_prefix("t", "c") + H
-    assert keys.directory("t", H) == keys.directory_prefix("t") + H
     assert keys.directory_refs("t", H) == keys.directory("t", H) + keys.REFS_SUFFIX
 
 
