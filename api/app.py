@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
 
 from api import errors, routes
 from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, LoopbackOnly, is_loopback
@@ -66,6 +67,8 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if configure_logs and not structlog.is_configured():
             configure_logging(json=chosen.log_json, level=chosen.log_level)
+        # a cluster node named without PREFIT_REDIS_CLUSTER: a clear error now, not MOVED later
+        await run_in_threadpool(services.store.check_mode, chosen.redis_url)
         if services.keyring.open:
             guarded = not chosen.allow_open
             if guarded and not is_loopback(chosen.host):

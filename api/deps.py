@@ -22,8 +22,11 @@ import redis
 import redis.asyncio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from redis.asyncio.cluster import ClusterNode as AsyncClusterNode
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 
 from api.auth import KeyRing
 from api.broker import BrokerCheck, broker_check
@@ -38,15 +41,19 @@ from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
 from shared.store import Store
+from shared.store.client import Client
 from shared.store.increments import AsyncIncrements, Increments
 from shared.store.lookup import RecordLookup
 from shared.store.tally import Tally
 from shared.validation import ValidatedPrefixes
 
 
-def async_client_like(client: redis.Redis) -> redis.asyncio.Redis:
-    """An asyncio client on the same server, database, credentials and timeouts as `client`,
-    retrying like it: once, quickly, on a dropped connection; never on a timeout."""
+def async_client_like(client: Client) -> redis.asyncio.Redis | AsyncRedisCluster:
+    """An asyncio client on the same server (or cluster), database, credentials and timeouts
+    as `client`, retrying like it: once, quickly, on a dropped connection; never on a timeout
+    (a cluster client retries its read once either way: it only reads)."""
+    if isinstance(client, RedisCluster):
+        return _async_cluster_like(client)
     kw = client.connection_pool.connection_kwargs
     common: dict[str, Any] = {
         "db": kw.get("db", 0),
@@ -62,6 +69,22 @@ def async_client_like(client: redis.Redis) -> redis.asyncio.Redis:
     ssl = client.connection_pool.connection_class is redis.SSLConnection
     return redis.asyncio.Redis(
         host=kw.get("host", "localhost"), port=kw.get("port", 6379), ssl=ssl, **common
+    )
+
+
+def _async_cluster_like(client: RedisCluster) -> AsyncRedisCluster:
+    """The asyncio `RedisCluster` beside `client`, started from the primaries it knows (it
+    reads the topology on its first command, on this event loop)."""
+    kw = client.get_connection_kwargs()  # type: ignore[no-untyped-call]
+    primaries = client.get_primaries()  # type: ignore[no-untyped-call]
+    return AsyncRedisCluster(
+        startup_nodes=[AsyncClusterNode(n.host, n.port) for n in primaries],
+        username=kw.get("username"),
+        password=kw.get("password"),
+        socket_timeout=kw.get("socket_timeout"),
+        socket_connect_timeout=kw.get("socket_connect_timeout"),
+        ssl=kw.get("connection_class") is redis.SSLConnection,
+        retry=AsyncRetry(ExponentialBackoff(cap=0.1, base=0.01), 1),
     )
 
 

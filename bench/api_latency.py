@@ -2,10 +2,12 @@
 
     uv run python -m bench.api_latency [--sizes 128000] [--processes 1,2] [--clients 1,16]
         [--rounds 3] [--single 1000] [--requests 3200] [--inline] [--appends 100]
-        [--server-root DIR] [--uvicorn-args "--loop asyncio --http h11"]
+        [--server-root DIR] [--uvicorn-args "--loop asyncio --http h11"] [--cluster]
 
-Starts its own redis-server and the API as `prefit up --api-workers N` runs it (uvicorn, N
-processes on one port, a metrics directory of their own when N > 1), stores one
+Starts its own redis-server (with `--cluster`, also a throwaway 3-master Redis Cluster as the
+store, the redis-server staying the broker: docs/scaling.md) and the API as `prefit up
+--api-workers N` runs it (uvicorn, N processes on one port, a metrics directory of their own
+when N > 1), stores one
 conversation per size (real transcripts stitched end to end, counted with the API's
 heuristic counter), and computes its summaries ahead of time the way a worker does
 (`shared.precompute.run_job`, offline extractive summarizer). The model window is 128k:
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import shlex
 import subprocess
@@ -64,6 +67,7 @@ from bench.harness import (
     stitched,
     stop,
 )
+from shared.clusterproc import ClusterProcess
 from shared.counters import HeuristicCounter
 from shared.policy import ContextPolicy
 from shared.providers import OpenAIClient
@@ -103,22 +107,34 @@ def main() -> None:
     ap.add_argument("--inline", action="store_true", help="also time a summary made inline")
     ap.add_argument("--llm-delay", type=float, default=1.5)
     ap.add_argument("--appends", type=int, default=0, help="sequential appends per size")
+    ap.add_argument("--cluster", action="store_true", help="the store on a Redis Cluster")
     server_options(ap)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    with RedisProcess() as redis, tempfile.TemporaryDirectory() as tmp:
-        settings = bench_settings(redis.url)
-        store = Store.from_url(redis.url, settings)
+    with (
+        RedisProcess() as redis,
+        ClusterProcess() if args.cluster else contextlib.nullcontext() as cluster,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
+        url = cluster.url if cluster is not None else redis.url
+        args.store_env = {
+            "PREFIT_REDIS_CLUSTER": str(cluster is not None),
+            "PREFIT_BROKER_URL": redis.url,
+        }
+        settings = bench_settings(url).model_copy(
+            update={"redis_cluster": cluster is not None, "broker_url": redis.url}
+        )
+        store = Store.from_url(url, settings)
         log = Path(tmp) / "api.log"
         try:
-            served = store_conversations(redis.url, log, store, settings, sizes, args)
+            served = store_conversations(url, log, store, settings, sizes, args)
             rows = [
                 row
                 for r in range(args.rounds)
                 for processes in _ints(args.processes)
-                for row in measure(redis.url, log, Path(tmp), r, processes, sizes, args)
+                for row in measure(url, log, Path(tmp), r, processes, sizes, args)
             ]
-            extras = {size: extra(redis.url, log, size, args) for size in sizes}
+            extras = {size: extra(url, log, size, args) for size in sizes}
         finally:
             store.close()
     print_tables(rows, served, extras, args)
@@ -348,6 +364,7 @@ def _api(
         processes,
         root=args.server_root,
         metrics_dir=metrics if processes > 1 else None,
+        extra_env=args.store_env,
         uvicorn_args=shlex.split(args.uvicorn_args),
     )
 

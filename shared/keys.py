@@ -1,24 +1,31 @@
 """Every Redis key prefit uses, and the checks on the ids that go into them.
 
-Key formats live here and nowhere else. Every key starts with `prefit:v2:`; changing a format
+Key formats live here and nowhere else. Every key starts with `prefit:v3:`; changing a format
 means a new version, so old keys are simply never read again (v2: prefix hashes of version 2,
-see shared/hashing.py, and calibration per tenant).
+see shared/hashing.py, and calibration per tenant; v3: a hash tag per conversation).
 
-Tenant data sits under `prefit:v2:{<tenant>}:...`. The braces are a Redis Cluster hash tag: all
-of one tenant's keys share a slot, which the Lua scripts need (one script reads a conversation's
-summary index *and* the tenant-wide, content-addressed summary records). The price is that one
-tenant lives on one shard. Calibration ratios are per tenant too: what one tenant reports about
-a model's tokenizer never changes how another tenant's prompts are counted.
+The braces in every key are a Redis Cluster hash tag: keys with the same tag share a slot, and
+every Lua script and MULTI may only touch one slot. Three kinds of tag:
 
-Two kinds of keys belong to no tenant: a summary queue's in-flight registry (hash tag
-`{inflight:<queue>}`: ids and hashes of running jobs, never content), and the summarizer
-breakers under `prefit:v2:global:` (they describe a provider configuration: a digest of it,
-its failures and pause).
+- `{<tenant>/<conversation>}`: everything of one conversation (messages, prefix hashes, tally,
+  metadata, its summary records and their index, the lease, enqueue markers, attempt budgets
+  and blocks). A conversation's scripts stay in its slot, and a tenant's conversations spread
+  over the whole cluster.
+- `{<tenant>}`: what belongs to the tenant as a whole: calibration ratios, usage, dead letters,
+  and the *directory* of record copies by prefix hash (`directory`), which lets a forked
+  conversation reuse a summary and a stateless prepare find one (shared/store/directory.py).
+- `{inflight:<queue>}` and `{global:breakers}`: a summary queue's in-flight registry (ids and
+  hashes of running jobs, never content) and the summarizer breakers (they describe a provider
+  configuration: a digest of it, its failures and pause). Neither is a valid tenant id.
+
+Calibration ratios are per tenant: what one tenant reports about a model's tokenizer never
+changes how another tenant's prompts are counted.
 
 Ids are restricted to `[A-Za-z0-9._-]`: no `:` (it separates key parts, so allowing it would let
-two different ids build the same key) and no braces (they would move the hash tag). Model
-names are not ids (clients choose them freely): `model_part` keeps a plain name as it is and
-replaces any other by a digest, so no model name can add a key part or move the hash tag.
+two different ids build the same key), no braces (they would move the hash tag) and no `/` (it
+separates tenant and conversation in a tag). Model names are not ids (clients choose them
+freely): `model_part` keeps a plain name as it is and replaces any other by a digest, so no
+model name can add a key part or move the hash tag.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import re
 
 from shared.errors import ConfigError, InvalidId
 
-VERSION = "v2"
+VERSION = "v3"
 ROOT = f"prefit:{VERSION}"
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -75,7 +82,12 @@ def _tenant(tenant: str) -> str:
 
 
 def _conv(tenant: str, conv_id: str) -> str:
-    return f"{_tenant(tenant)}:conv:{check_id('conversation', conv_id)}"
+    return f"{ROOT}:{{{check_tenant(tenant)}/{check_id('conversation', conv_id)}}}"
+
+
+def tenant_pattern(tenant: str) -> str:
+    """A SCAN pattern matching every key of the tenant, its conversations' included."""
+    return f"{ROOT}:{{{check_tenant(tenant)}[}}/]*"
 
 
 # conversations -------------------------------------------------------------------------------
@@ -114,22 +126,27 @@ def conv_pending(tenant: str, conv_id: str, marker: str) -> str:
 # summary records -----------------------------------------------------------------------------
 
 
-def record_prefix(tenant: str) -> str:
+def record_prefix(tenant: str, conv_id: str) -> str:
     """What `record` puts before the prefix hash (Lua scripts build record keys from it)."""
-    return f"{_tenant(tenant)}:rec:"
+    return f"{_conv(tenant, conv_id)}:rec:"
+
+
+def record(tenant: str, conv_id: str, prefix_hash: str) -> str:
+    """STRING holding one of the conversation's `SummaryRecord`s as JSON, by prefix hash."""
+    return record_prefix(tenant, conv_id) + check_prefix_hash(prefix_hash)
 
 
 REFS_SUFFIX = ":refs"
 
 
-def record(tenant: str, prefix_hash: str) -> str:
-    """STRING holding one `SummaryRecord` as JSON, content addressed within the tenant."""
-    return record_prefix(tenant) + check_prefix_hash(prefix_hash)
+def directory(tenant: str, prefix_hash: str) -> str:
+    """STRING: a copy of a record some conversation of the tenant holds for this prefix."""
+    return f"{_tenant(tenant)}:dir:{check_prefix_hash(prefix_hash)}"
 
 
-def record_refs(tenant: str, prefix_hash: str) -> str:
-    """SET of the conversation ids whose index points at the record."""
-    return record(tenant, prefix_hash) + REFS_SUFFIX
+def directory_refs(tenant: str, prefix_hash: str) -> str:
+    """SET of the conversation ids whose records the directory entry copies."""
+    return directory(tenant, prefix_hash) + REFS_SUFFIX
 
 
 # per-tenant bookkeeping ----------------------------------------------------------------------
@@ -227,11 +244,14 @@ def inflight_jobs(queue: str) -> str:
     return f"{_worker_queue(queue)}:jobs"
 
 
+_BREAKERS = f"{ROOT}:{{global:breakers}}"  # one slot: tripping one updates the index too
+
+
 def breaker(provider: str) -> str:
     """HASH of one summarizer configuration's circuit breaker (failures, open `until` ms, probe)."""
-    return f"{ROOT}:global:breaker:{check_id('provider', provider)}"
+    return f"{_BREAKERS}:breaker:{check_id('provider', provider)}"
 
 
 def breakers() -> str:
     """HASH of every summarizer configuration that ever tripped: provider id -> label."""
-    return f"{ROOT}:global:breakers"
+    return f"{_BREAKERS}:index"

@@ -17,6 +17,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -81,8 +82,10 @@ class RedisProcess:
         executable: str | None = None,
         appendonly: bool = False,
         dir: str | os.PathLike[str] | None = None,
+        options: Sequence[str] = (),
     ) -> None:
         self._fixed_port = port is not None
+        self.options = tuple(options)  # more redis-server arguments (e.g. cluster mode)
         self.port = port if port is not None else free_port()
         self._executable = executable
         self.appendonly = appendonly
@@ -176,7 +179,7 @@ class RedisProcess:
             args += ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             args += ["--appendonly", "no"]
-        return args
+        return args + list(self.options)
 
     def _launch(self, exe: str) -> bool:
         self._proc = subprocess.Popen(

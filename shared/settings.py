@@ -6,7 +6,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, Field, SecretStr
+from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -33,10 +33,13 @@ class Settings(BaseSettings):
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("REDIS_URL", "PREFIT_REDIS_URL"),
     )
-    broker_url: str | None = None  # defaults to redis_url; amqp://... for RabbitMQ
+    broker_url: str | None = None  # defaults to redis_url (never to a cluster: see below)
     # RabbitMQ: declare the summary queue with x-consumer-timeout (visibility_timeout_s). Honoured
     # by 3.11.15 to 4.2, ignored before; 4.3.2+ refuse it on classic queues: set false there
     rabbitmq_consumer_timeout_arg: bool = True
+    # REDIS_URL names a node of a Redis Cluster: the store uses redis-py's cluster client
+    # (docs/scaling.md); Celery's Redis transport cannot use a cluster, so the broker is named
+    redis_cluster: bool = False
 
     # summarizer provider; none configured means the offline extractive summarizer
     summarizer_url: str | None = None
@@ -124,6 +127,15 @@ class Settings(BaseSettings):
     )
     log_json: bool | None = None  # None: JSON when stderr is not a TTY
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _broker_is_not_the_cluster(self) -> Settings:
+        if self.redis_cluster and not self.broker_url:
+            raise ValueError(
+                "PREFIT_REDIS_CLUSTER=true needs PREFIT_BROKER_URL: Celery's Redis transport "
+                "cannot use a Redis Cluster, so name a standalone Redis or RabbitMQ as the broker"
+            )
+        return self
 
     @property
     def open_access(self) -> bool:

@@ -6,6 +6,7 @@ import json
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import pytest
 from shared.head import head_end
 from shared.messages import Message, groups
 from tests import brokerbackend
-from tests.redisbackend import FakeRedisServer, backend, describe
+from tests.redisbackend import FakeRedisServer, backend, describe, require_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -74,16 +75,52 @@ def pytest_report_header() -> list[str]:
     return [describe(), brokerbackend.describe()]
 
 
+@dataclass(frozen=True)
+class ClusterBackend:
+    """The cluster backend's servers: the cluster (the store) and the Redis broker."""
+
+    url: str
+    broker_url: str
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cluster_backend() -> Iterator[ClusterBackend | None]:
+    """On the cluster backend, the cluster and a throwaway redis-server for the broker, with
+    the session's environment in cluster mode (PREFIT_REDIS_CLUSTER, PREFIT_BROKER_URL) before
+    any test builds its `Settings`; None (and nothing started) on the others."""
+    if backend().kind != "cluster":
+        yield None
+        return
+    from shared.clusterproc import ClusterProcess
+    from shared.redisproc import RedisProcess
+
+    with ClusterProcess() as cluster, RedisProcess() as broker:
+        mode = {"PREFIT_REDIS_CLUSTER": "true", "PREFIT_BROKER_URL": broker.url}
+        saved = {name: os.environ.get(name) for name in mode}
+        os.environ.update(mode)
+        try:
+            yield ClusterBackend(cluster.url, broker.url)
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def redis_url(cluster_backend: ClusterBackend | None) -> Iterator[str]:
     """A URL of the Redis `tests.redisbackend` chose: REDIS_URL, a throwaway redis-server of
-    our own, or fakeredis over TCP (a machine without Redis).
+    our own, fakeredis over TCP (a machine without Redis), or a node of a throwaway cluster.
 
     Tests never flush: they write under a unique tenant (see `tenant`).
     """
     from shared.redisproc import RedisProcess
 
     chosen = backend()
+    if cluster_backend is not None:
+        yield cluster_backend.url
+        return
     if chosen.url is not None:
         yield chosen.url
         return
@@ -93,6 +130,36 @@ def redis_url() -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster_url(cluster_backend: ClusterBackend | None) -> Iterator[str]:
+    """A Redis Cluster node's URL: the session's cluster, else a throwaway cluster started once
+    for the tests that need one whatever the backend (skipped on fakeredis)."""
+    if cluster_backend is not None:
+        yield cluster_backend.url
+        return
+    require_cluster()
+    from shared.clusterproc import ClusterProcess
+
+    with ClusterProcess() as cluster:
+        yield cluster.url
+
+
+@pytest.fixture(scope="session")
+def standalone_url(redis_url: str, cluster_backend: ClusterBackend | None) -> str:
+    """A standalone Redis's URL: the session's, or the broker's beside the cluster."""
+    if cluster_backend is not None:
+        return cluster_backend.broker_url
+    if backend().kind == "fakeredis":
+        pytest.skip("the suite runs on fakeredis: it has no INFO cluster to check")
+    return redis_url
+
+
+@pytest.fixture(scope="session")
+def redis_broker_url(redis_url: str, cluster_backend: ClusterBackend | None) -> str:
+    """A Redis for the Celery broker: the store's, or a standalone one beside the cluster."""
+    return cluster_backend.broker_url if cluster_backend is not None else redis_url
 
 
 @pytest.fixture

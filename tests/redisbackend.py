@@ -6,7 +6,11 @@
 - `server`: a throwaway redis-server, and the session fails when none is installed (CI sets
   this, so a missing install never quietly turns into a run on fakeredis);
 - `fakeredis`: fakeredis as if no redis-server were installed (tests that drive a redis-server
-  process of their own skip), so CI can exercise the laptop path too.
+  process of their own skip), so CI can exercise the laptop path too;
+- `cluster`: a throwaway 3-master Redis Cluster (shared/clusterproc.py) as the store, and a
+  throwaway redis-server as the Celery broker (kombu has no cluster transport): every
+  `Settings` the session builds is in cluster mode (`PREFIT_REDIS_CLUSTER`, `PREFIT_BROKER_URL`
+  are set for the session). Tests that drive a redis-server process of their own skip.
 
 fakeredis serves real clients over TCP (`fakeredis.TcpFakeServer`): the store, the API and the
 Celery broker connect to its URL exactly as they would to a server.
@@ -26,11 +30,15 @@ from typing import Literal
 
 import pytest
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from shared.clusterproc import find_redis_cli
 from shared.redisproc import find_redis_server, reachable
 from shared.settings import Settings
+from shared.store.client import Client, connect
 
-Kind = Literal["url", "server", "fakeredis"]
+Kind = Literal["url", "server", "fakeredis", "cluster"]
 SWITCH = "PREFIT_TEST_REDIS"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,14 +62,32 @@ def backend() -> Backend:
         if find_redis_server() is None:
             raise pytest.UsageError(f"{SWITCH}=server but no redis-server is installed")
         return Backend("server", f"{SWITCH}=server")
+    if switch == "cluster":
+        if find_redis_cli(find_redis_server()) is None:
+            raise pytest.UsageError(f"{SWITCH}=cluster needs redis-server and redis-cli installed")
+        return Backend("cluster", f"{SWITCH}=cluster")
     if switch:
-        raise pytest.UsageError(f"{SWITCH} must be 'server' or 'fakeredis', not {switch!r}")
+        raise pytest.UsageError(
+            f"{SWITCH} must be 'server', 'fakeredis' or 'cluster', not {switch!r}"
+        )
     settings = Settings()
     if "redis_url" in settings.model_fields_set and reachable(settings.redis_url):
         return Backend("url", "REDIS_URL is set and answers", settings.redis_url)
     if find_redis_server() is not None:
         return Backend("server", "redis-server is installed")
     return Backend("fakeredis", "no redis-server installed")
+
+
+def store_client(url: str) -> Client:
+    """A new client of the session's store at `url`: a cluster client on the cluster backend."""
+    return connect(url, cluster=backend().kind == "cluster")
+
+
+def async_store_client(url: str) -> redis.asyncio.Redis | AsyncRedisCluster:
+    """`store_client`, on asyncio."""
+    if backend().kind == "cluster":
+        return AsyncRedisCluster.from_url(url)
+    return redis.asyncio.Redis.from_url(url)
 
 
 def describe() -> str:
@@ -71,6 +97,11 @@ def describe() -> str:
         return f"redis: REDIS_URL {chosen.url} ({chosen.why})"
     if chosen.kind == "server":
         return f"redis: a throwaway redis-server ({chosen.why})"
+    if chosen.kind == "cluster":
+        return (
+            f"redis: a throwaway 3-master Redis Cluster, the broker on a throwaway redis-server "
+            f"({chosen.why}); tests that drive a redis-server process of their own are skipped"
+        )
     import fakeredis
 
     return (
@@ -87,9 +118,33 @@ def _no_server_reason() -> str | None:
             f"the suite runs on fakeredis ({chosen.why}): this test drives a redis-server "
             "process of its own (kill, restart, SIGSTOP or its configuration)"
         )
+    if chosen.kind == "cluster":
+        return (
+            f"the suite runs on a Redis Cluster ({chosen.why}): this test drives a standalone "
+            "redis-server process of its own (kill, restart, SIGSTOP or its configuration)"
+        )
     if find_redis_server() is None:
         return "no redis-server installed: this test drives a redis-server process of its own"
     return None
+
+
+def _no_cluster_reason() -> str | None:
+    """Why a test cannot have a Redis Cluster here (its session's, or one of its own)."""
+    chosen = backend()
+    if chosen.kind == "cluster":
+        return None
+    if chosen.kind == "fakeredis":
+        return f"the suite runs on fakeredis ({chosen.why}): no Redis Cluster to start"
+    if find_redis_cli(find_redis_server()) is None:
+        return "a throwaway Redis Cluster needs redis-server and redis-cli installed"
+    return None
+
+
+def require_cluster() -> None:
+    """Skip the calling test or fixture when no Redis Cluster can be had."""
+    reason = _no_cluster_reason()
+    if reason is not None:
+        pytest.skip(reason)
 
 
 needs_redis_server = pytest.mark.skipif(

@@ -38,7 +38,19 @@ def test_the_switch_and_the_fallback(choose: pytest.MonkeyPatch) -> None:
     with pytest.raises(pytest.UsageError, match="no redis-server is installed"):
         backend()
     choose.setenv(SWITCH, "memcached")
-    with pytest.raises(pytest.UsageError, match="must be 'server' or 'fakeredis'"):
+    with pytest.raises(pytest.UsageError, match="must be 'server', 'fakeredis' or 'cluster'"):
+        backend()
+
+
+def test_the_cluster_switch_needs_redis_cli(choose: pytest.MonkeyPatch) -> None:
+    """`cluster` is chosen when asked, named in the header, and refused without redis-cli."""
+    choose.setenv(SWITCH, "cluster")
+    choose.setattr(redisbackend, "find_redis_cli", lambda server: "/usr/bin/redis-cli")
+    assert backend() == redisbackend.Backend("cluster", f"{SWITCH}=cluster")
+    assert "Redis Cluster" in redisbackend.describe()
+    backend.cache_clear()
+    choose.setattr(redisbackend, "find_redis_cli", lambda server: None)
+    with pytest.raises(pytest.UsageError, match="needs redis-server and redis-cli"):
         backend()
 
 

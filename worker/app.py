@@ -132,6 +132,14 @@ def _configure_logging(sender: Any = None, **_: Any) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _check_store(sender: Any = None, **_: Any) -> None:
+    """Exit before taking a task when the store cannot work (a Redis Cluster node named
+    without PREFIT_REDIS_CLUSTER, or the reverse)."""
+    if getattr(sender, "app", None) is app:
+        runtime.check_store()
+
+
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _on_ready(sender: Any = None, **_: Any) -> None:
     """Start the reaper; collect less often, and never again scan what the worker holds for good.

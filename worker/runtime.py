@@ -21,8 +21,10 @@ from typing import Any, TypeVar
 
 import structlog
 
+from shared.errors import ConfigError, StoreUnavailable
 from shared.extractive import ExtractiveSummarizer
 from shared.failures import Failures
+from shared.logs import get_logger
 from shared.providers import client_from_settings
 from shared.settings import Settings
 from shared.store import Store
@@ -31,6 +33,8 @@ from shared.summarizers import LLMSummarizer, Summarizer
 from worker.reaper import Reaper
 
 T = TypeVar("T")
+
+log = get_logger(__name__)
 
 
 def pool_size(settings: Settings) -> int:
@@ -93,6 +97,18 @@ class Runtime:
                 self.settings.redis_url, self.settings, max_connections=pool_size(self.settings)
             )
         return self._store
+
+    def check_store(self) -> None:
+        """At start-up: `SystemExit` naming REDIS_URL and PREFIT_REDIS_CLUSTER when Redis's
+        cluster mode is not the configured one (a Redis that does not answer yet is not an
+        error: jobs retry until it does)."""
+        try:
+            self.store.check_mode(self.settings.redis_url)
+        except ConfigError as exc:
+            log.error("worker.misconfigured", error=str(exc))
+            raise SystemExit(f"prefit worker: {exc}") from None
+        except StoreUnavailable:
+            log.warning("worker.store_unreachable", detail="the store is checked on first use")
 
     @property
     def summarizer(self) -> Summarizer:

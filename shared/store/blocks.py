@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis
-
 from shared import keys
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, guarded, text, ttl_ms
 from shared.summaries import SummaryRecord
 
 # KEYS: attempts, blocked, block count. ARGV: origin, upto, prefix hash, error, limit,
@@ -87,7 +85,7 @@ class Block:
 class Blocks:
     """Attempt budgets and blocks of every tenant's summary ranges, on one Redis client."""
 
-    def __init__(self, client: redis.Redis, *, base_s: float, max_s: float) -> None:
+    def __init__(self, client: Client, *, base_s: float, max_s: float) -> None:
         self._r = client
         self.base_s, self.max_s = base_s, max(base_s, max_s)
 

@@ -22,11 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import redis
-
 from shared import keys
 from shared.settings import Settings
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 from shared.store.inflight import NOW
 
 State = Literal["closed", "open", "half_open"]
@@ -147,7 +145,7 @@ def state_of(reply: list[Any], label: str = "") -> BreakerState:
 class Breakers:
     """The breakers of every summarizer configuration, on one Redis client."""
 
-    def __init__(self, client: redis.Redis, *, base_s: float, max_s: float) -> None:
+    def __init__(self, client: Client, *, base_s: float, max_s: float) -> None:
         self._r = client
         self.base_s, self.max_s = base_s, max(base_s, max_s)
         self._seen: dict[str, tuple[float, BreakerState]] = {}  # provider -> (monotonic, state)
@@ -170,7 +168,7 @@ class Breakers:
     @staticmethod
     def read_in(pipe: Any, provider: str) -> None:
         """Add the breaker's read to a pipeline (its reply goes to `state_of`)."""
-        pipe.eval(READ, 1, keys.breaker(provider))
+        eval_in(pipe, READ, [keys.breaker(provider)], [])
 
     @guarded
     def state(self, provider: str) -> BreakerState:

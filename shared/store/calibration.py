@@ -14,13 +14,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import redis
-
 from shared import keys
 from shared.calibration import RatioStore
 from shared.errors import ImplausibleObservation
 from shared.settling import SettlingRule
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, guarded, text, ttl_ms
 
 # KEYS: ratio hash. ARGV: observed, low, high, settle after, tolerance, ttl ms.
 # `SettlingRule.fold` in Lua (same operations, so the same doubles). Ratios travel as
@@ -57,7 +55,7 @@ class RedisRatios:
     """Every tenant's calibration ratios: atomic settled updates, so concurrent ones all count."""
 
     def __init__(
-        self, client: redis.Redis, *, retention_s: float, rule: SettlingRule | None = None
+        self, client: Client, *, retention_s: float, rule: SettlingRule | None = None
     ) -> None:
         self._r = client
         self._ttl = ttl_ms(retention_s)

@@ -11,6 +11,8 @@ Here the same commands go out in three pipelines, in the same order, with the sa
   the job's model rides along;
 - `commit`: the tenant's usage counters, then the record (SET NX and its index), two scripts
   in one pipeline: the spend is counted before the write, and counted even if the write fails;
+  then the record's copy in the tenant's directory, a round trip of its own (another slot)
+  plus the check that the conversation still holds it (`RecordStore.publish`);
 - `release`: the lease given up (compare-and-delete), then the conversation's metadata read,
   in one pipeline: the "did it change while I worked" check still follows the release.
 
@@ -18,8 +20,10 @@ A job's in-flight entry (`shared.store.inflight`) rides along: registered with t
 renewed with the lease, removed with the release; so does the summarizer's breaker, read with
 the claim (`shared.store.breaker`).
 
-Scripts are sent with EVAL: Redis caches them by hash, and a pipeline of EVALSHAs would need
-a SCRIPT EXISTS round trip of its own (redis-py checks before every such pipeline).
+Scripts are sent with EVAL (`eval_in`): Redis caches them by hash, and a pipeline of EVALSHAs
+would need a SCRIPT EXISTS round trip of its own (redis-py checks before every such pipeline).
+On a Redis Cluster each command of these pipelines goes to the node serving its slot (the
+conversation's, the tenant's, the queue's, the breakers'), all nodes at once; none is a MULTI.
 """
 
 from __future__ import annotations
@@ -28,18 +32,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from shared import keys
 from shared.errors import NotFound, StoreUnavailable
 from shared.logs import get_logger
 from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
 from shared.store.chain import EMPTY
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
-from shared.store.records import PUT, put_args, put_result
+from shared.store.records import PUT, RecordStore, put_args, put_result
 from shared.store.usage import ADD, usage_args
 from shared.summaries import SummaryBook, SummaryRecord
 
@@ -84,9 +86,12 @@ class Claim:
 class Claims:
     """The merged round trips of a summary job, over the store's parts on one client."""
 
-    def __init__(self, client: redis.Redis, leases: Lease, *, retention_s: float) -> None:
+    def __init__(
+        self, client: Client, leases: Lease, records: RecordStore, *, retention_s: float
+    ) -> None:
         self._r = client
         self._leases = leases
+        self._records = records
         self._ttl = ttl_ms(retention_s)
 
     @guarded
@@ -117,7 +122,8 @@ class Claims:
             keys.conv_blocked(tenant, conv_id),
         ]
         pipe = self._r.pipeline(transaction=False)
-        pipe.eval(CLAIM, len(ks), *ks, check_owner(owner), ttl_ms(ttl), keys.record_prefix(tenant))
+        prefix = keys.record_prefix(tenant, conv_id)
+        eval_in(pipe, CLAIM, ks, [check_owner(owner), ttl_ms(ttl), prefix])
         if ratio_of is not None:
             pipe.hget(keys.ratio(tenant, ratio_of), "ratio")
         if provider is not None:
@@ -145,7 +151,6 @@ class Claims:
         conversation = Conversation(messages, chain, meta)
         return Claim(held, None, conversation, book, ratio, blocked, breaker)
 
-    @guarded
     def commit(
         self,
         tenant: str,
@@ -157,16 +162,25 @@ class Claims:
     ) -> bool:
         """Count the spend (input, output tokens, cost) against the tenant, then write `record`.
 
-        One round trip; the same as `usage.add` then `records.put`. True if this call wrote
-        the record (False: it existed and was linked); `NotFound` if the conversation is gone.
+        One round trip for both (the same as `usage.add` then `records.put`), then the copy in
+        the tenant's directory. True if this call wrote the record (False: it existed);
+        `NotFound` if the conversation is gone.
         """
         ks, args = put_args(tenant, conv_id, record, self._ttl, only_if_absent=True)
         usage_keys, usage = usage_args(tenant, *spent, summaries=summaries)
+        reply = self._count_and_put(usage_keys, usage, ks, args)
+        wrote, stored = put_result(reply, conv_id, args[0])
+        self._records.publish(tenant, conv_id, record.prefix_hash, stored, overwrite=False)
+        return wrote
+
+    @guarded
+    def _count_and_put(
+        self, usage_keys: list[str], usage: list[Any], ks: list[str], args: list[Any]
+    ) -> Any:
         pipe = self._r.pipeline(transaction=False)
-        pipe.eval(ADD, len(usage_keys), *usage_keys, *usage)
-        pipe.eval(PUT, len(ks), *ks, *args)
-        _, result = pipe.execute()
-        return put_result(result, conv_id)
+        eval_in(pipe, ADD, usage_keys, usage)
+        eval_in(pipe, PUT, ks, args)
+        return pipe.execute()[1]
 
     def release(self, held: HeldLease, *, read: bool = True) -> ConversationMeta | None:
         """Release `held` (and its job's in-flight entry), then read its conversation's
@@ -178,7 +192,7 @@ class Claims:
         held.stop()
         tenant, conv_id = held.tenant, held.conv_id
         pipe = self._r.pipeline(transaction=False)
-        pipe.eval(RELEASE, 1, keys.conv_lease(tenant, conv_id), held.owner)
+        eval_in(pipe, RELEASE, [keys.conv_lease(tenant, conv_id)], [held.owner])
         if held.ticket is not None:
             InFlight.unregister_in(pipe, held.ticket)
         if read:

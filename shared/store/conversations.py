@@ -11,9 +11,11 @@ tip it finds, so concurrent appends all land, one after the other, and never rac
 holding user text (messages, hashes, metadata, the summary index and the records it points
 at) gets the retention TTL again on every write.
 
-`replace` unlinks the summary records whose prefix no longer matches the new content. Matching
+`replace` drops the summary records whose prefix no longer matches the new content. Matching
 is by content, so leaving them would be just as correct (they would never match again); they
-are dropped so that summaries of replaced text do not outlive it.
+are dropped so that summaries of replaced text do not outlive it. A delete drops them all.
+Either way the tenant's directory of record copies (shared/store/directory.py) follows in a
+second step, since it lives in the tenant's slot, not the conversation's.
 
 The store checks only that each message is a JSON object it can encode; validating a
 transcript (roles, tool-call pairing) is the caller's job, before it writes.
@@ -26,15 +28,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import redis
-
 from shared import keys
 from shared.errors import NotFound
 from shared.hashing import prefix_hashes
 from shared.messages import Message
 from shared.store import scripts
 from shared.store.chain import EMPTY
-from shared.store.client import guarded, text
+from shared.store.client import Client, guarded, text
+from shared.store.directory import Directory
 from shared.store.writes import Append, Replacement, Writes, conv_keys
 
 
@@ -63,10 +64,11 @@ class ConversationStore:
     """Conversations of every tenant, on one Redis client."""
 
     def __init__(
-        self, client: redis.Redis, *, retention_s: float, clock: Callable[[], float] = time.time
+        self, client: Client, *, retention_s: float, clock: Callable[[], float] = time.time
     ) -> None:
         self._r = client
-        self.writes = Writes(client, retention_s=retention_s, clock=clock)
+        self._directory = Directory(client, retention_s=retention_s)
+        self.writes = Writes(client, self._directory, retention_s=retention_s, clock=clock)
         self._delete = client.register_script(scripts.DELETE)
 
     def append(
@@ -156,15 +158,22 @@ class ConversationStore:
     def exists(self, tenant: str, conv_id: str) -> bool:
         return bool(self._r.exists(keys.conv_meta(tenant, conv_id)))
 
-    @guarded
     def delete(self, tenant: str, conv_id: str) -> bool:
-        """Delete the conversation, its summary index and the records only it pointed at.
+        """Delete the conversation and its summary records, then drop it from the tenant's
+        directory (the copies only it referred to go).
 
         The API's token tally goes too; an enqueue marker or lease just expires.
         """
-        args = [conv_id, keys.record_prefix(tenant), keys.REFS_SUFFIX]
+        existed, dropped = self._delete_now(tenant, conv_id)
+        self._directory.drop(tenant, conv_id, dropped)
+        return existed
+
+    @guarded
+    def _delete_now(self, tenant: str, conv_id: str) -> tuple[bool, list[str]]:
         extra = [keys.conv_tally(tenant, conv_id), keys.conv_tally_info(tenant, conv_id)]
-        return bool(self._delete(keys=[*conv_keys(tenant, conv_id)[:4], *extra], args=args))
+        ks = [*conv_keys(tenant, conv_id)[:4], *extra]
+        existed, dropped = self._delete(keys=ks, args=[keys.record_prefix(tenant, conv_id)])
+        return bool(existed), [text(h) for h in dropped]
 
 
 def meta_of(conv_id: str, raw: dict[bytes, bytes], length: int) -> ConversationMeta:

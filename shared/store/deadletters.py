@@ -8,11 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-import redis
-
 from shared import keys
 from shared.errors import ConfigError
-from shared.store.client import guarded, ttl_ms
+from shared.store.client import Client, guarded, ttl_ms
 
 MAX_ERROR_CHARS = 2000
 DEFAULT_MAX_ENTRIES = 1000
@@ -34,7 +32,7 @@ class DeadLetters:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         *,
         retention_s: float,
         max_entries: int = DEFAULT_MAX_ENTRIES,

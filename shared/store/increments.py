@@ -24,11 +24,12 @@ from typing import Any
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from shared import keys
 from shared.errors import StoreUnavailable
 from shared.store.chain import EMPTY
-from shared.store.client import guarded, text
+from shared.store.client import Client, guarded, text
 from shared.store.records import BEST
 from shared.summaries import SummaryRecord
 
@@ -78,7 +79,7 @@ class Increment:
 class Increments:
     """Incremental reads of every tenant's conversations, on one Redis client."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         self._r = client
         self._sha = _sha1(SINCE)
 
@@ -99,7 +100,7 @@ class Increments:
 class AsyncIncrements:
     """`Increments.since` on an asyncio Redis client (bound to the loop that first uses it)."""
 
-    def __init__(self, client: redis.asyncio.Redis) -> None:
+    def __init__(self, client: redis.asyncio.Redis | AsyncRedisCluster) -> None:
         self._r = client
         self._sha = _sha1(SINCE)
 
@@ -133,7 +134,7 @@ def _arguments(tenant: str, conv_id: str, start: int, prefix_hash: str) -> list[
         start,
         EMPTY,
         prefix_hash,
-        keys.record_prefix(tenant),
+        keys.record_prefix(tenant, conv_id),
     ]
 
 

@@ -20,10 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-import redis
-
 from shared import keys
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 
 # The time in ms on Redis's clock, so every worker and reaper compares with the same clock.
 NOW = """
@@ -100,22 +98,22 @@ class Ticket:
 class InFlight:
     """The in-flight registries of every queue, on one Redis client."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         self._r = client
 
     # pipelined with the lease (claims.py, leases.py): no round trip of their own
 
     @staticmethod
     def register_in(pipe: Any, ticket: Ticket, ttl: float) -> None:
-        pipe.eval(REGISTER, 2, *ticket.registry(), ticket.task_id, ttl_ms(ttl), ticket.payload)
+        eval_in(pipe, REGISTER, ticket.registry(), [ticket.task_id, ttl_ms(ttl), ticket.payload])
 
     @staticmethod
     def renew_in(pipe: Any, ticket: Ticket, ttl: float) -> None:
-        pipe.eval(RENEW, 2, *ticket.registry(), ticket.task_id, ttl_ms(ttl))
+        eval_in(pipe, RENEW, ticket.registry(), [ticket.task_id, ttl_ms(ttl)])
 
     @staticmethod
     def unregister_in(pipe: Any, ticket: Ticket) -> None:
-        pipe.eval(UNREGISTER, 2, *ticket.registry(), ticket.task_id)
+        eval_in(pipe, UNREGISTER, ticket.registry(), [ticket.task_id])
 
     # on their own
 

@@ -17,12 +17,10 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-import redis
-
 from shared import keys
 from shared.errors import ConfigError, LeaseLost, StoreUnavailable
 from shared.logs import get_logger
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 from shared.store.inflight import InFlight, Ticket
 
 log = get_logger(__name__)
@@ -47,7 +45,7 @@ MAX_OWNER_CHARS = 200
 class Lease:
     """Conversation leases and enqueue markers of every tenant, on one Redis client."""
 
-    def __init__(self, client: redis.Redis, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._r = client
         self._clock = clock
         self._renew = client.register_script(RENEW)
@@ -72,7 +70,7 @@ class Lease:
         if ticket is None:
             return bool(self._renew(keys=[key], args=[check_owner(owner), ttl_ms(ttl)]))
         pipe = self._r.pipeline(transaction=False)
-        pipe.eval(RENEW, 1, key, check_owner(owner), ttl_ms(ttl))
+        eval_in(pipe, RENEW, [key], [check_owner(owner), ttl_ms(ttl)])
         InFlight.renew_in(pipe, ticket, ttl)
         return bool(pipe.execute()[0])
 

@@ -1,13 +1,13 @@
-"""Summary records: content addressed per tenant, indexed per conversation.
+"""Summary records: per conversation, by prefix hash, with a copy in the tenant's directory.
 
-A record lives at `keys.record(tenant, prefix_hash)`, so two conversations of one tenant with
-an identical prefix share it, while two tenants never do (the tenant is part of the key).
-Each conversation has an index (ZSET, member prefix hash, score upto) of the records it uses,
-and each record a set of the conversations pointing at it: deleting one conversation removes
-a shared record only once no other conversation uses it.
+A record lives at `keys.record(tenant, conv_id, prefix_hash)`, in its conversation's slot, and
+the conversation's index (ZSET, member prefix hash, score upto) lists them: every script here
+touches that one slot. Records are written once per prefix (SET NX), go with the conversation
+(deleted, expired, or the text they summarize replaced) and are never shared by two tenants.
 
-To reuse another conversation's summary, a worker `get`s the record by prefix hash and `put`s
-it for its own conversation: the put links it (and returns False) instead of writing it again.
+Once stored, a record is also copied into the tenant's directory (shared/store/directory.py),
+in a second step: that is how a forked conversation finds a summary to reuse (`get`, then
+`put` for its own conversation: a copy, no LLM call) and a stateless prepare finds one.
 """
 
 from __future__ import annotations
@@ -16,30 +16,28 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from shared import keys
-from shared.errors import ConfigError, NotFound
-from shared.store.client import guarded, ttl_ms
+from shared.errors import ConfigError, NotFound, StoreUnavailable
+from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.directory import Directory
 from shared.summaries import SummaryBook, SummaryRecord
 
-# KEYS: meta, index, record, refs. ARGV: json, upto, conversation id, ttl ms, only-if-absent
-# ('1'/'0'), prefix hash. -1 when the conversation does not exist (e.g. deleted meanwhile).
+# KEYS: meta, index, record. ARGV: json, upto, ttl ms, only-if-absent ('1'/'0'), prefix hash.
+# {-1} when the conversation does not exist (e.g. deleted meanwhile); {1} when this call wrote
+# the record, {0, the stored JSON} when one was there already.
 PUT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 0 then return {-1} end
 local created
-if ARGV[5] == '1' then
-  created = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[4])
-  if not created then redis.call('PEXPIRE', KEYS[3], ARGV[4]) end
+if ARGV[4] == '1' then
+  created = redis.call('SET', KEYS[3], ARGV[1], 'NX', 'PX', ARGV[3])
+  if not created then redis.call('PEXPIRE', KEYS[3], ARGV[3]) end
 else
-  created = redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4])
+  created = redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[3])
 end
-redis.call('SADD', KEYS[4], ARGV[3])
-redis.call('PEXPIRE', KEYS[4], ARGV[4])
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[6])
-redis.call('PEXPIRE', KEYS[2], ARGV[4])
-if created then return 1 end
-return 0
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[5])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+if created then return {1} end
+return {0, redis.call('GET', KEYS[3])}
 """
 
 # KEYS: index, stored hashes. ARGV: record prefix, highest upto ('+inf' for any), mode
@@ -76,31 +74,58 @@ return out
 class RecordStore:
     """Summary records of every tenant, on one Redis client."""
 
-    def __init__(self, client: redis.Redis, *, retention_s: float) -> None:
+    def __init__(self, client: Client, *, retention_s: float) -> None:
         self._r = client
         self._ttl = ttl_ms(retention_s)
         self._put = client.register_script(PUT)
         self._best = client.register_script(BEST)
         self._list = client.register_script(LIST)
+        self.directory = Directory(client, retention_s=retention_s)
 
-    @guarded
     def put(
         self, tenant: str, conv_id: str, record: SummaryRecord, *, only_if_absent: bool = True
     ) -> bool:
-        """Store `record` for the conversation; True if this call wrote it.
+        """Store `record` for the conversation, then copy it to the tenant's directory; True if
+        this call wrote it.
 
-        With `only_if_absent` (the default) exactly one record exists per prefix even when
-        workers race: a later put only links the existing record to the conversation.
+        With `only_if_absent` (the default) exactly one record exists per prefix of a
+        conversation even when workers race: a later put leaves the first one.
         `NotFound` if the conversation does not exist (it may have been deleted meanwhile).
         """
         ks, args = put_args(tenant, conv_id, record, self._ttl, only_if_absent=only_if_absent)
-        return put_result(self._put(keys=ks, args=args), conv_id)
+        wrote, stored = put_result(self._run_put(ks, args), conv_id, args[0])
+        self.publish(tenant, conv_id, record.prefix_hash, stored, overwrite=not only_if_absent)
+        return wrote
 
     @guarded
+    def _run_put(self, ks: list[str], args: list[Any]) -> Any:
+        return self._put(keys=ks, args=args)
+
+    def publish(
+        self, tenant: str, conv_id: str, prefix_hash: str, raw: str | bytes, *, overwrite: bool
+    ) -> None:
+        """Copy a record the conversation holds into the tenant's directory (best effort).
+
+        Then check the conversation still holds it: a delete or replace may have dropped it
+        between the two steps, its own `drop` running before this link.
+        """
+        if not self.directory.link(tenant, conv_id, prefix_hash, raw, overwrite=overwrite):
+            return
+        try:
+            held = self._holds(tenant, conv_id, prefix_hash)
+        except StoreUnavailable:
+            held = False  # unknown: unlinking costs at most a fork's reuse, keeping it retention
+        if not held:
+            self.directory.drop(tenant, conv_id, [prefix_hash])
+
+    @guarded
+    def _holds(self, tenant: str, conv_id: str, prefix_hash: str) -> bool:
+        return self._r.zscore(keys.conv_index(tenant, conv_id), prefix_hash) is not None
+
     def get(self, tenant: str, prefix_hash: str) -> SummaryRecord | None:
-        """The tenant's record for exactly this prefix, if any."""
-        raw = self._r.get(keys.record(tenant, prefix_hash))
-        return SummaryRecord.from_json(raw) if raw is not None else None
+        """A record some conversation of the tenant holds for exactly this prefix, if any (a
+        copy, from the tenant's directory)."""
+        return self.directory.get(tenant, prefix_hash)
 
     @guarded
     def best(
@@ -118,7 +143,7 @@ class RecordStore:
         """
         ks = [keys.conv_index(tenant, conv_id), keys.conv_hashes(tenant, conv_id)]
         limit: Any = "+inf" if upto_max is None else int(upto_max)
-        args: list[Any] = [keys.record_prefix(tenant), limit]
+        args: list[Any] = [keys.record_prefix(tenant, conv_id), limit]
         args += ["stored"] if hashes is None else ["given", *hashes]
         raw = self._best(keys=ks, args=args)
         return SummaryRecord.from_json(raw) if raw is not None else None
@@ -135,7 +160,7 @@ class RecordStore:
 
     def _records(self, tenant: str, conv_id: str) -> builtins.list[SummaryRecord]:
         ks = [keys.conv_index(tenant, conv_id)]
-        raw = self._list(keys=ks, args=[keys.record_prefix(tenant)])
+        raw = self._list(keys=ks, args=[keys.record_prefix(tenant, conv_id)])
         return [SummaryRecord.from_json(r) for r in raw]
 
 
@@ -148,20 +173,19 @@ def put_args(
     ks = [
         keys.conv_meta(tenant, conv_id),
         keys.conv_index(tenant, conv_id),
-        keys.record(tenant, h),
-        keys.record_refs(tenant, h),
+        keys.record(tenant, conv_id, h),
     ]
     flag = "1" if only_if_absent else "0"
-    return ks, [record.to_json(), record.upto, conv_id, ttl_ms, flag, h]
+    return ks, [record.to_json(), record.upto, ttl_ms, flag, h]
 
 
-def put_result(reply: Any, conv_id: str) -> bool:
-    """What the `PUT` script's reply means: True if it wrote the record; `NotFound` if the
-    conversation is gone."""
-    result = int(reply)
+def put_result(reply: Any, conv_id: str, written: str) -> tuple[bool, str]:
+    """What the `PUT` script's reply means: whether it wrote the record (`written`, its JSON),
+    and the record's JSON as stored now; `NotFound` if the conversation is gone."""
+    result = int(reply[0])
     if result < 0:
         raise NotFound(f"conversation {conv_id!r} not found")
-    return result == 1
+    return result == 1, written if result == 1 else text(reply[1])
 
 
 def check_record(record: SummaryRecord) -> None:

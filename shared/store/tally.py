@@ -19,12 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from shared import keys
 from shared.messages import Message
 from shared.store.chain import EMPTY
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, guarded, text, ttl_ms
 
 # KEYS: tally, info, messages, hashes. ARGV: ttl ms, counter id, hash, head end, n, then n
 # cumulative counts (ARGV[6..5+n]). Written only if the stored messages are still the ones counted.
@@ -74,7 +72,7 @@ class Tip:
 class Tally:
     """Running token tallies of every tenant's conversations, on one Redis client."""
 
-    def __init__(self, client: redis.Redis, *, retention_s: float) -> None:
+    def __init__(self, client: Client, *, retention_s: float) -> None:
         self._r = client
         self._ttl = ttl_ms(retention_s)
         self._rebuild = client.register_script(REBUILD)

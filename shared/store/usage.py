@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import redis
-
 from shared import keys
 from shared.errors import ConfigError
-from shared.store.client import guarded, text
+from shared.store.client import Client, guarded, text
 
 # KEYS: usage hash. ARGV: input tokens, output tokens, cost, summaries. `UsageStore.add` as one
 # script, for pipelines that cannot hold a MULTI (`shared.store.claims`).
@@ -35,7 +33,7 @@ class Usage:
 class UsageStore:
     """Per-tenant counters, incremented atomically (HINCRBY in a MULTI)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Client) -> None:
         self._r = client
 
     @guarded

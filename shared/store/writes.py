@@ -30,14 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from shared import keys
 from shared.errors import ConfigError, InvalidTranscript, LengthMismatch
 from shared.hashing import EMPTY, canonical, digest_of
 from shared.messages import Message
 from shared.store import scripts
-from shared.store.client import guarded, text, ttl_ms
+from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.directory import Directory
 from shared.summaries import SummaryRecord
 
 
@@ -95,8 +94,14 @@ class Writes:
     """Appends and replaces of every tenant's conversations, on one Redis client."""
 
     def __init__(
-        self, client: redis.Redis, *, retention_s: float, clock: Callable[[], float] = time.time
+        self,
+        client: Client,
+        directory: Directory,
+        *,
+        retention_s: float,
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self._directory = directory
         self._ttl = ttl_ms(retention_s)
         self._clock = clock
         self._append = client.register_script(scripts.APPEND)
@@ -117,8 +122,7 @@ class Writes:
             self._ttl,
             repr(self._clock()),
             a.model or "",
-            keys.record_prefix(tenant),
-            keys.REFS_SUFFIX,
+            keys.record_prefix(tenant, conv_id),
             a.counter if a.counts is not None else "",
             _flag(a.bound),
             _opt(a.head_end),
@@ -153,7 +157,8 @@ class Writes:
     @guarded
     def replace(self, tenant: str, conv_id: str, r: Replacement) -> Written:
         """Write the whole transcript in one step (`LengthMismatch` if `expected_length`
-        differs), unlinking the summary records whose prefix no longer matches."""
+        differs), dropping the summary records whose prefix no longer matches; then drop the
+        conversation from their copies in the tenant's directory (a second step)."""
         encoded = encode(r.messages)
         if len(r.hashes) != len(encoded) + 1:
             raise ConfigError("a replacement needs one prefix hash more than messages")
@@ -162,12 +167,10 @@ class Writes:
             raise ConfigError("a replacement needs one cumulative count per message")
         args: list[Any] = [
             _opt(r.expected_length),
-            conv_id,
             self._ttl,
             repr(self._clock()),
             r.model or "",
-            keys.record_prefix(tenant),
-            keys.REFS_SUFFIX,
+            keys.record_prefix(tenant, conv_id),
             r.counter if r.cumulative is not None else "",
             _flag(r.bound),
             r.head_end,
@@ -181,7 +184,8 @@ class Writes:
         reply = self._replace(keys=conv_keys(tenant, conv_id), args=args)
         if not reply[0]:
             raise LengthMismatch(int(r.expected_length or 0), int(reply[1]))
-        _, length, record, at_upto, at_head = reply
+        _, length, record, at_upto, at_head, dropped = reply
+        self._directory.drop(tenant, conv_id, [text(h) for h in dropped])
         return Written(
             None,
             0,

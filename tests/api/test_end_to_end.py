@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,10 @@ def e2e_settings(request: pytest.FixtureRequest, redis_url: str) -> Settings:
     broker = (
         request.getfixturevalue("amqp_url") if getattr(request, "param", "") == "amqp" else None
     )
+    named = {"broker_url": broker} if broker else {}  # else the backend's (Redis) broker
     settings = make_settings(
         redis_url, model, api_keys=f"{a}:key-a-{a},{b}:key-b-{b}", chunk_tokens=8000,
-        lease_ttl_s=5.0, worker_concurrency=4, broker_url=broker, summary_queue=new_queue(broker),
+        lease_ttl_s=5.0, worker_concurrency=4, summary_queue=new_queue(broker), **named,
     )  # fmt: skip
     settings.models[model].max_input_tokens = WINDOW
     settings.models[model].reserve_output = RESERVE
@@ -68,26 +70,34 @@ class Finished:
             return len(self.ids)
 
 
-@pytest.fixture
-def stack(e2e_settings: Settings) -> Iterator[tuple[str, Settings, Finished]]:
-    """The API under uvicorn and an in-process Celery worker (threads) on the same Redis."""
-    runtime = Runtime(e2e_settings)
-    worker = make_app(e2e_settings, runtime=runtime)
+@contextmanager
+def api_and_worker(settings: Settings) -> Iterator[tuple[str, Finished, Runtime]]:
+    """The API under uvicorn and an in-process Celery worker (threads) on `settings`' store
+    and broker: the API's URL, the worker's finished tasks and its runtime (its store)."""
+    runtime = Runtime(settings)
+    worker = make_app(settings, runtime=runtime)
     finished = Finished(worker)
     task_postrun.connect(finished.on_postrun, weak=False)
     try:
         with (
             start_worker(worker, pool="threads", concurrency=4, perform_ping_check=False,
                          loglevel="WARNING", shutdown_timeout=30) as running,
-            serve(create_app(e2e_settings)) as url,
+            serve(create_app(settings)) as url,
         ):  # fmt: skip
             try:
-                yield url, e2e_settings, finished
+                yield url, finished, runtime
             finally:
                 stop_promptly(running)
     finally:
         task_postrun.disconnect(finished.on_postrun)
         runtime.close()
+
+
+@pytest.fixture
+def stack(e2e_settings: Settings) -> Iterator[tuple[str, Settings, Finished]]:
+    """The API under uvicorn and an in-process Celery worker (threads) on the same Redis."""
+    with api_and_worker(e2e_settings) as (url, finished, _):
+        yield url, e2e_settings, finished
 
 
 def _client(url: str, settings: Settings, which: int) -> httpx.Client:
@@ -121,17 +131,19 @@ def _settled(clients: list[httpx.Client], finished: Callable[[], int]) -> bool:
     return finished() >= sent
 
 
-def replay(urls: list[str], settings: Settings, finished: Callable[[], int]) -> list[Any]:
-    """The real transcript appended turn by turn, each turn through the next API in `urls` and
-    prepared through the one after it; returns each prepare's report, the conversation, and
-    the last API's metrics.
+def replay(
+    urls: list[str], settings: Settings, finished: Callable[[], int], cid: str | None = None
+) -> list[Any]:
+    """The real transcript appended turn by turn (as `cid`, else a new id), each turn through
+    the next API in `urls` and prepared through the one after it; returns each prepare's
+    report, the conversation, and each API's metrics.
 
     The user pauses after each turn until the workers are idle (a deterministic stand-in
     for think time), so what is asserted does not depend on the machine's speed.
     """
     [model] = settings.models
     msgs = load_transcript(TRANSCRIPTS / NAME)["messages"]
-    cid = conv_id()
+    cid = cid or conv_id()
     reports = []
     clients = [_client(url, settings, 0) for url in urls]
     try:

@@ -45,7 +45,7 @@ def test_celery_enqueue_lands_on_the_priority_lists(settings: Settings, tenant: 
 
 def test_celery_enqueue_fails_fast_without_a_broker(tenant: str) -> None:
     """No broker: StoreUnavailable within a second or two, not a hang."""
-    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    settings = Settings(broker_url=f"redis://127.0.0.1:{free_port()}/0")
     enqueue = CeleryEnqueue(settings)
     started = time.monotonic()
     try:

@@ -30,11 +30,14 @@ from tests.api.helpers import assistant, chat, conv_id, user
 ROOT = Path(__file__).resolve().parents[2]
 APPEND = "/v1/conversations/{conversation_id}/messages"
 PREPARE = "/v1/conversations/{conversation_id}/prepare"
+MODE = ("PREFIT_REDIS_CLUSTER", "PREFIT_BROKER_URL")
 
 
 def environment(redis_url: str, tenant: str, model: str, **extra: str) -> dict[str, str]:
     """The API's environment: the suite's Redis, one tenant, one model, a queue of its own."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFIT_", "PROMETHEUS_"))}
+    # the suite's store mode (a Redis Cluster backend sets both) stays
+    env.update({k: os.environ[k] for k in MODE if k in os.environ})
     window = {"max_input_tokens": WINDOW, "reserve_output": RESERVE}
     env.update(
         REDIS_URL=redis_url,

@@ -24,7 +24,7 @@ Request = Callable[[TestClient, str], Any]
 def dump(client: redis.Redis, tenant: str) -> dict[str, tuple[str, Any, int]]:
     """Every key of the tenant: its type, its value as Redis returns it, and its PTTL."""
     out: dict[str, tuple[str, Any, int]] = {}
-    for raw in client.scan_iter(match=f"{keys.ROOT}:{{{tenant}}}:*", count=1000):
+    for raw in client.scan_iter(match=keys.tenant_pattern(tenant), count=1000):
         key = raw.decode()
         kind = client.type(key).decode()
         value = read_value(client, key, kind)
@@ -49,7 +49,7 @@ SHORT_TTL_MS = 1_000_000  # far below any retention: a refresh would jump back a
 
 def shortened(client: redis.Redis, tenant: str) -> dict[str, tuple[str, Any, int]]:
     """Set every expiring key of the tenant to SHORT_TTL_MS, then `dump`."""
-    for raw in client.scan_iter(match=f"{keys.ROOT}:{{{tenant}}}:*", count=1000):
+    for raw in client.scan_iter(match=keys.tenant_pattern(tenant), count=1000):
         if client.pttl(raw) > 0:
             client.pexpire(raw, SHORT_TTL_MS)
     return dump(client, tenant)

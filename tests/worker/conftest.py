@@ -45,6 +45,7 @@ def app_for() -> Iterator[Callable[..., Any]]:
     def make(settings: Settings, summarizer: Summarizer | None = None) -> Any:
         runtime = Runtime(settings, summarizer=summarizer)
         runtimes.append(runtime)
+        runtime.check_store()  # as `prefit worker` does at start-up (and so builds its store)
         return make_app(settings, runtime=runtime, main=f"test-{uuid.uuid4().hex[:6]}")
 
     yield make

@@ -19,6 +19,8 @@ def worker_env(settings: Settings, concurrency: int) -> dict[str, str]:
     env = {
         **os.environ,
         "REDIS_URL": settings.redis_url,
+        "PREFIT_REDIS_CLUSTER": "true" if settings.redis_cluster else "false",
+        "PREFIT_BROKER_URL": settings.broker,
         "PREFIT_SUMMARIZER_URL": settings.summarizer_url or "",
         "PREFIT_SUMMARIZER_MODEL": SUMMARIZER_MODEL,
         "PREFIT_SUMMARY_QUEUE": settings.summary_queue,

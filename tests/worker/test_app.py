@@ -40,7 +40,12 @@ def test_one_visibility_timeout_from_settings() -> None:
 
 def test_broker_queue_and_priorities() -> None:
     """Broker and queue come from settings; the Redis transport keeps ten priority steps."""
-    settings = Settings(redis_url="redis://127.0.0.1:7/3", summary_queue="sums-x")
+    settings = Settings(
+        redis_url="redis://127.0.0.1:7/3",
+        summary_queue="sums-x",
+        broker_url=None,
+        redis_cluster=False,
+    )
     conf = make_app(settings).conf
     assert conf.broker_url == "redis://127.0.0.1:7/3"
     assert conf.task_default_queue == "sums-x"

@@ -17,10 +17,10 @@ from worker.broker import TRANSPORT, Transport, transport_for
 
 
 @pytest.fixture
-def queue(redis_url: str) -> Iterator[str]:
+def queue(redis_broker_url: str) -> Iterator[str]:
     name = f"guard-{uuid.uuid4().hex[:10]}"
     yield name
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_broker_url)
     client.delete(name, f"_kombu.binding.{name}")
     client.close()
 
@@ -38,26 +38,26 @@ def _deliver_one(conn: Connection, queue: str) -> Any:
 
 
 def test_a_detached_channel_still_gives_its_unacked_messages_back(
-    redis_url: str, queue: str
+    redis_broker_url: str, queue: str
 ) -> None:
     """Closing a channel after `collect()` detached its Connection restores its message."""
-    conn = Connection(redis_url, transport=Transport)
+    conn = Connection(redis_broker_url, transport=Transport)
     channel = _deliver_one(conn, queue)
     conn.transport.client = None  # what a half-failed `Connection.collect()` leaves behind
     channel.close()  # kombu's own channel raises AttributeError here (next test)
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(redis_broker_url)
     try:
         assert client.llen(queue) == 1  # back in its queue for the next worker
     finally:
         client.close()
 
 
-def test_kombus_own_channel_still_fails_there(redis_url: str, queue: str) -> None:
+def test_kombus_own_channel_still_fails_there(redis_broker_url: str, queue: str) -> None:
     """Why the guard exists: kombu 5.7's channel raises AttributeError in the same spot.
 
     If this starts failing, kombu fixed it upstream and worker/broker.py can go.
     """
-    conn = Connection(redis_url, transport=kombu_redis.Transport)
+    conn = Connection(redis_broker_url, transport=kombu_redis.Transport)
     channel = _deliver_one(conn, queue)
     conn.transport.client = None
     with pytest.raises(AttributeError, match="hostname"):

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE
-from shared.redisproc import RedisProcess, find_redis_server
+from shared.redisproc import RedisProcess
 from shared.settings import Settings
 from shared.store import Store
 from tests.brokerbackend import chosen
+from tests.redisbackend import needs_redis_server
 from tests.worker.helpers import chat, enqueue, job_for, model_name, wait_until, worker_settings
 from tests.worker.processes import end, start_worker_process
 from worker.app import make_app
@@ -67,7 +68,7 @@ class Traffic:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(find_redis_server() is None, reason="redis-server is not installed")
+@needs_redis_server
 @pytest.mark.skipif(
     chosen()[0] == "amqp", reason="a drill of the Redis broker (PREFIT_TEST_BROKER=amqp)"
 )

@@ -17,11 +17,16 @@ DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 
 
 def test_without_redis_requests_are_still_fitted_and_answered() -> None:
-    """The store is down: the cheap strategies fit the prompt and the answer is marked."""
+    """The store is down: the cheap strategies fit the prompt and the answer is marked.
+
+    A standalone Redis: a cluster client reads the topology when the app is built, so an API
+    on a cluster that is down does not start at all (docs/scaling.md)."""
     fake = FakeProvider(limit_tokens=20_000)
     tenant, model = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     with serve(fake.app) as fake_url:
-        settings = proxy_settings(DEAD_REDIS, model, tenant, fake_url, redis_socket_timeout_s=0.2)
+        settings = proxy_settings(
+            DEAD_REDIS, model, tenant, fake_url, redis_socket_timeout_s=0.2, redis_cluster=False
+        )
         with serve(create_app(settings, enqueue=Recorder())) as url:
             client = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), max_retries=0)
             raw = client.chat.completions.with_raw_response.create(

@@ -5,15 +5,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-import redis
-
 from shared import keys
 from shared.messages import Message
+from shared.store.client import Client
 
 
-def tenant_keys(client: redis.Redis, tenant: str) -> set[str]:
-    """Every key under the tenant's namespace (SCAN, never KEYS)."""
-    return {k.decode() for k in client.scan_iter(match=f"{keys.ROOT}:{{{tenant}}}:*", count=1000)}
+def tenant_keys(client: Client, tenant: str) -> set[str]:
+    """Every key of the tenant and its conversations (SCAN, never KEYS; every node of a
+    cluster)."""
+    return {k.decode() for k in client.scan_iter(match=keys.tenant_pattern(tenant), count=1000)}
 
 
 def chat(n: int, tag: str = "m") -> list[Message]:

@@ -6,7 +6,6 @@ import random
 import uuid
 
 import pytest
-import redis
 
 from shared import keys
 from shared.counters import CalibratedCounter, HeuristicCounter
@@ -14,6 +13,7 @@ from shared.errors import ImplausibleObservation
 from shared.settling import SettlingRule
 from shared.store import Calibration, Store
 from shared.store.calibration import RedisRatios
+from tests.redisbackend import store_client
 from tests.shared.store.conftest import RETENTION_S
 from tests.shared.store.helpers import run_threads
 
@@ -70,7 +70,7 @@ def test_out_of_bounds_is_refused_and_stores_nothing(
 
 def test_far_from_a_settled_ratio_is_refused(redis_url: str, tenant: str, model: str) -> None:
     """Once settled, an observation beyond the tolerance is refused and changes nothing."""
-    client = redis.Redis.from_url(redis_url)
+    client = store_client(redis_url)
     ratios = RedisRatios(client, retention_s=60, rule=SettlingRule(settle_after=5, tolerance=1.2))
     for _ in range(4):
         ratios.observe(tenant, model, 1.0)

@@ -177,14 +177,15 @@ def test_metadata_keeps_model_and_times_and_an_unchecked_append_binds_the_tip(
 
 
 def test_delete_removes_every_key(store: Store, tenant: str) -> None:
-    """Delete removes messages, chain, metadata, tally, summary index and records only it used."""
+    """Delete removes messages, chain, metadata, tally, summary index, its records and their
+    copies in the tenant's directory that only it referred to."""
     msgs = chat(6)
     store.conversations.append(tenant, "c", msgs)
     h = prefix_hashes(msgs)
     store.records.put(tenant, "c", SummaryRecord(4, h[4], "summary"))
     store.client.rpush(keys.conv_tally(tenant, "c"), 10, 20)  # the API's token tally
     store.client.hset(keys.conv_tally_info(tenant, "c"), "counter", "x")
-    assert len(tenant_keys(store.client, tenant)) == 8
+    assert len(tenant_keys(store.client, tenant)) == 9  # 7 of the conversation, 2 of the copy
     assert store.conversations.delete(tenant, "c")
     assert tenant_keys(store.client, tenant) == set()
     assert not store.conversations.delete(tenant, "c")
@@ -201,12 +202,23 @@ def test_tenants_are_isolated(store: Store, tenant: str) -> None:
 
 
 def test_retention_ttl_on_every_user_text_key_refreshed_on_write(store: Store, tenant: str) -> None:
-    """Each key holding the conversation's text (records too) gets the retention TTL on write."""
+    """Each key holding the conversation's text (records too) gets the retention TTL on write;
+    the record's copy in the tenant's directory got it when it was copied."""
     msgs = chat(4)
     store.conversations.append(tenant, "c", msgs)
-    store.records.put(tenant, "c", SummaryRecord(2, prefix_hashes(msgs)[2], "s"))
-    found = tenant_keys(store.client, tenant)
-    assert len(found) == 6  # msgs, hashes, meta, index, record, record refs
+    h = prefix_hashes(msgs)[2]
+    store.records.put(tenant, "c", SummaryRecord(2, h, "s"))
+    copies = {keys.directory(tenant, h), keys.directory_refs(tenant, h)}
+    found = tenant_keys(store.client, tenant) - copies
+    assert found == {
+        keys.conv_messages(tenant, "c"),
+        keys.conv_hashes(tenant, "c"),
+        keys.conv_meta(tenant, "c"),
+        keys.conv_index(tenant, "c"),
+        keys.record(tenant, "c", h),
+    }
+    for key in copies:
+        assert RETENTION_S * 1000 - 60_000 < store.client.pttl(key) <= RETENTION_S * 1000, key
     for key in found:
         store.client.pexpire(key, 5000)
     store.conversations.append(tenant, "c", chat(1, "n"))

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-import redis.asyncio
-
 from shared.hashing import canonical, prefix_hashes
 from shared.store import Store
 from shared.store.chain import EMPTY
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.summaries import SummaryRecord
+from tests.redisbackend import async_store_client
 from tests.shared.store.helpers import chat
 
 
@@ -49,7 +48,7 @@ def test_the_asyncio_read_is_the_same_read(store: Store, tenant: str, redis_url:
     store.records.put(tenant, "c", SummaryRecord(2, h[2], "to 2"))
 
     async def read(start: int, prefix: str) -> Increment:
-        reader = AsyncIncrements(redis.asyncio.Redis.from_url(redis_url))
+        reader = AsyncIncrements(async_store_client(redis_url))
         try:
             return await reader.since(tenant, "c", start=start, prefix_hash=prefix)
         finally:

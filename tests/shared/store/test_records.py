@@ -1,4 +1,5 @@
-"""RecordStore against a real Redis: content addressing, best(), sharing and isolation."""
+"""RecordStore against a real Redis: records per conversation, best(), the tenant's directory
+of copies (reuse by a fork, cleanup on delete and replace) and isolation between tenants."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ def test_best_agrees_with_summary_book(store: Store, tenant: str) -> None:
 def test_best_skips_a_vanished_record(store: Store, tenant: str) -> None:
     """If the longest record's key is gone (expired), best() falls back to the next one."""
     h = _stored(store, tenant, "c", 8, [2, 6])
-    store.client.delete(keys.record(tenant, h[6]))
+    store.client.delete(keys.record(tenant, "c", h[6]))
     best = store.records.best(tenant, "c")
     assert best is not None and best.upto == 2
 
@@ -127,18 +128,50 @@ def test_list_and_book_are_ordered_by_upto(store: Store, tenant: str) -> None:
     assert store.records.book(tenant, "c").records == store.records.list(tenant, "c")
 
 
-def test_identical_prefix_shared_within_a_tenant(store: Store, tenant: str) -> None:
-    """Two conversations of one tenant share a record; deleting one keeps it for the other."""
+def test_a_fork_reuses_a_record_through_the_directory(store: Store, tenant: str) -> None:
+    """A second conversation with the same beginning finds the record in the tenant's
+    directory and stores its own copy; the entry goes once neither conversation holds it."""
     h = _stored(store, tenant, "a", 6, [4])
     store.conversations.append(tenant, "b", chat(6))
     found = store.records.get(tenant, h[4])
-    assert found is not None
-    assert not store.records.put(tenant, "b", found)  # linked, not written again
+    assert found is not None and found.text == "summary to 4"
+    assert store.records.put(tenant, "b", found)  # b's own copy, in b's slot
+    assert store.records.directory.refs(tenant, h[4]) == {"a", "b"}
     store.conversations.delete(tenant, "a")
     best = store.records.best(tenant, "b")
     assert best is not None and best.upto == 4
+    assert store.records.get(tenant, h[4]) == found
+    assert store.records.directory.refs(tenant, h[4]) == {"b"}
     store.conversations.delete(tenant, "b")
     assert store.records.get(tenant, h[4]) is None
+    assert tenant_keys(store.client, tenant) == set()
+
+
+def test_replace_drops_the_copies_only_its_old_text_had(store: Store, tenant: str) -> None:
+    """After a replace edits message 3, the directory loses the copies past it that no other
+    conversation holds, and keeps the others."""
+    h = _stored(store, tenant, "a", 8, [2, 6])
+    _stored(store, tenant, "b", 8, [6])
+    edited = chat(8)
+    edited[3] = {"role": "assistant", "content": "rewritten"}
+    store.conversations.replace(tenant, "a", edited)
+    assert store.records.directory.refs(tenant, h[6]) == {"b"}
+    assert store.records.directory.refs(tenant, h[2]) == {"a"}
+    store.conversations.replace(tenant, "b", edited)
+    assert store.records.get(tenant, h[6]) is None
+    assert store.records.get(tenant, h[2]) is not None
+
+
+def test_a_link_that_lands_after_the_delete_is_taken_back(store: Store, tenant: str) -> None:
+    """A copy linked for a conversation that no longer holds the record (deleted between the
+    two steps) does not stay in the directory."""
+    h = _stored(store, tenant, "a", 6, [4])
+    raw = store.client.get(keys.record(tenant, "a", h[4]))
+    store.conversations.delete(tenant, "a")
+    assert raw is not None
+    store.records.publish(tenant, "a", h[4], raw, overwrite=False)  # the worker's late step
+    assert store.records.get(tenant, h[4]) is None
+    assert tenant_keys(store.client, tenant) == set()
 
 
 def test_same_content_in_two_tenants_never_shares(store: Store, tenant: str) -> None:
@@ -149,4 +182,5 @@ def test_same_content_in_two_tenants_never_shares(store: Store, tenant: str) -> 
     assert store.records.get(other, h[4]) is None
     assert store.records.best(other, "c") is None
     assert store.records.best(other, "c", h) is None
-    assert keys.record(tenant, h[4]) != keys.record(other, h[4])
+    assert keys.directory(tenant, h[4]) != keys.directory(other, h[4])
+    assert keys.record(tenant, "c", h[4]) != keys.record(other, "c", h[4])

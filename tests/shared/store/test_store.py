@@ -48,10 +48,14 @@ def test_ping(store: Store) -> None:
     assert store.ping()
 
 
+STANDALONE = Settings(redis_cluster=False)
+CLUSTER = Settings(redis_cluster=True, broker_url="redis://127.0.0.1:1/0")
+
+
 @pytest.mark.parametrize("name", sorted(CALLS))
 def test_store_unavailable_when_redis_is_down(name: str, tenant: str, down_url: str) -> None:
     """Every part raises StoreUnavailable (not a redis error) when nothing listens."""
-    store = Store.from_url(down_url, Settings())
+    store = Store.from_url(down_url, STANDALONE)
     with pytest.raises(StoreUnavailable):
         CALLS[name](store, tenant)
     assert not store.ping()
@@ -63,9 +67,22 @@ def test_store_unavailable_on_timeout(tenant: str) -> None:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         port = silent.getsockname()[1]
-        store = Store.from_url(f"redis://127.0.0.1:{port}/0", Settings(), socket_timeout=0.2)
+        store = Store.from_url(f"redis://127.0.0.1:{port}/0", STANDALONE, socket_timeout=0.2)
         with pytest.raises(StoreUnavailable):
             store.conversations.read(tenant, "c")
+
+
+def test_a_cluster_store_needs_a_node_that_answers(down_url: str) -> None:
+    """The cluster client reads the topology when it is made: StoreUnavailable when no node
+    answers, or one accepts and stays silent."""
+    with pytest.raises(StoreUnavailable, match="redis cluster unavailable"):
+        Store.from_url(down_url, CLUSTER)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        with pytest.raises(StoreUnavailable):
+            Store.from_url(url, CLUSTER, socket_timeout=0.2, connect_timeout=0.2)
 
 
 def test_store_recovers_after_restart(own_redis: RedisProcess, tenant: str) -> None:
