@@ -27,8 +27,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import error_response
 from api.logging import request_log
-from shared import keys
 from shared.errors import ConfigError, Forbidden, InvalidId, Unauthorized
+from shared.store import keys
 
 LOCAL_TENANT = "local"
 SCHEME = "bearer"

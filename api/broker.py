@@ -16,9 +16,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from shared import keys
-from shared.broker import broker_kind, connection_name
+from shared.service.broker import broker_kind, connection_name
 from shared.settings import Settings
+from shared.store import keys
 from shared.store.client import connect
 
 T = TypeVar("T")

@@ -4,7 +4,7 @@ Every request counts with one ratio read for it (`ScaledCounter`): the tenant's 
 request's model. Reading Redis for it on every request would add a round trip to each
 prepare, so reads are cached for `ttl` seconds per (tenant, model) (a ratio moves slowly: it
 settles over many observations). Observations go straight to Redis, where the service's
-rule accepts or refuses them (shared/settling.py). When Redis is down a stateless prepare
+rule accepts or refuses them (shared/service/settling.py). When Redis is down a stateless prepare
 may fall back on the last ratio seen (`last_known`) and say it is degraded; nothing else ever
 counts with a guess.
 """

@@ -20,11 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared.broker import celery_options
-from shared.broker import priority as priority_for
 from shared.errors import StoreUnavailable
-from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME, SummaryJob
 from shared.logs import get_logger
+from shared.service.broker import celery_options
+from shared.service.broker import priority as priority_for
+from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME, SummaryJob
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.blocks import origin
@@ -86,7 +86,8 @@ class CeleryEnqueue:
         _ = app.amqp.producer_pool  # loads kombu's producer machinery; connects to nothing
 
     def __call__(self, job: SummaryJob, priority: int) -> None:
-        """Publish `job`; `priority` is a rank (`shared.jobs`), 0 served first on any broker."""
+        """Publish `job`; `priority` is a rank (`shared.service.jobs`), 0 served first on any
+        broker."""
         try:
             self._celery().send_task(
                 TASK_NAME,

@@ -1,7 +1,7 @@
 """Request and response bodies in either wire format, and validation of appended turns.
 
 prefit works in OpenAI chat format; `"format": "anthropic"` requests (top-level `system`,
-content blocks, `tool_use`/`tool_result`) are converted losslessly by shared/formats.py on
+content blocks, `tool_use`/`tool_result`) are converted losslessly by shared/formats/anthropic.py on
 the way in and back on the way out. Error indices name the messages as the client sent them.
 """
 

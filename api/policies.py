@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from shared.counters import TokenCounter
 from shared.errors import ConfigError, UnknownModel
-from shared.jobs import SummaryJob
 from shared.policy import ContextPolicy
+from shared.service.jobs import SummaryJob
+from shared.service.windows import service_policy
 from shared.settings import Settings
-from shared.windows import service_policy
 
 
 @dataclass(frozen=True)

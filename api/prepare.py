@@ -216,8 +216,8 @@ class Preparer:
         return prepared_body(prepared.messages, report["tokens_after"], report, format=req.format)
 
     async def observe(self, tenant: str, req: ObserveRequest) -> None:
-        """Fold the provider's count into the tenant's ratio of the model; an implausible
-        one is refused (`ImplausibleObservation`, shared/settling.py) and changes nothing."""
+        """Fold the provider's count into the tenant's ratio of the model; an implausible one
+        is refused (`ImplausibleObservation`, shared/service/settling.py), changing nothing."""
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
         await self.calibrate(tenant, req.model, messages, tools, req.actual_prompt_tokens)

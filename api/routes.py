@@ -39,7 +39,7 @@ from api.schemas import (
     PrepareStoredRequest,
     ReplaceRequest,
 )
-from shared import keys
+from shared.store import keys
 from shared.store.breaker import overall
 
 ConvId = Annotated[str, Path(pattern=CONVERSATION_ID, max_length=keys.MAX_ID_CHARS)]

@@ -1,7 +1,7 @@
 """Request and response bodies of the HTTP API (pydantic only here, at the edge).
 
 Messages stay plain JSON objects: their validation is the core's (`shared.messages.validate`,
-`shared.formats`), which names the failing message and the reason. Unknown fields are
+`shared.formats.anthropic`), which names the failing message and the reason. Unknown fields are
 refused, so a misspelt `expected_length` cannot silently turn off the length check.
 """
 

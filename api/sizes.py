@@ -18,10 +18,10 @@ from api.policies import Window
 from api.views import View, read_view, tail_start
 from shared.calibration import ScaledCounter, scale
 from shared.errors import NotFound, StoreUnavailable
-from shared.jobs import SummaryJob
 from shared.logs import get_logger
 from shared.messages import ToolSpec
 from shared.policy import State
+from shared.service.jobs import SummaryJob
 from shared.store.writes import Written
 from shared.summaries import SummaryRecord
 from shared.summarize import summary_message

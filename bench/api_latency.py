@@ -10,7 +10,7 @@ store, the redis-server staying the broker: docs/scaling.md) and the API as `pre
 when N > 1), stores one
 conversation per size (real transcripts stitched end to end, counted with the API's
 heuristic counter), and computes its summaries ahead of time the way a worker does
-(`shared.precompute.run_job`, offline extractive summarizer). The model window is 128k:
+(`shared.service.precompute.run_job`, offline extractive summarizer). The model window is 128k:
 conversations over its trigger (~105k tokens) are served from their summary.
 
 Then, `--rounds` times, for each number of API processes in turn (a fresh API each time, so
@@ -67,11 +67,11 @@ from bench.harness import (
     stitched,
     stop,
 )
-from shared.clusterproc import ClusterProcess
+from shared.commands.clusterproc import ClusterProcess
+from shared.commands.redisproc import RedisProcess
 from shared.counters import HeuristicCounter
 from shared.policy import ContextPolicy
 from shared.providers import OpenAIClient
-from shared.redisproc import RedisProcess
 from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryBook

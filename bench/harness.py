@@ -1,7 +1,7 @@
 """What the HTTP benchmarks share: the conversations they replay, the API they start, the
 server's CPU time, percentiles, request logs.
 
-The API runs as `prefit up` runs it (`shared.service.api_argv`: uvicorn, one or several
+The API runs as `prefit up` runs it (`shared.commands.up.api_argv`: uvicorn, one or several
 processes; several get a metrics directory of their own), from this checkout or from another
 one (`root`: an older commit's tree, to measure before and after with the same load).
 """
@@ -19,15 +19,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from shared.commands.redisproc import free_port
+from shared.commands.up import METRICS_DIR, api_argv
 from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
 from shared.head import head_end
-from shared.jobs import SummaryJob
 from shared.logs import configure_logging
 from shared.messages import Message, groups
-from shared.precompute import run_job
-from shared.redisproc import free_port
-from shared.service import METRICS_DIR, api_argv
+from shared.service.jobs import SummaryJob
+from shared.service.precompute import run_job
 from shared.settings import ModelWindow, Settings
 from shared.store import Store
 

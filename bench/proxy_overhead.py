@@ -12,7 +12,7 @@ pre-encoded bytes on keep-alive connections, so machine noise hits both paths al
 the same again with `stream: true` (time to the first byte and to the end). The model window
 is 128k: the 8k and 32k conversations fit and go through unchanged; the 128k one is over the
 trigger and is served from its summary, made ahead of time the way a worker does
-(`shared.precompute.run_job`, offline extractive summarizer) after the first turn stored it.
+(`shared.service.precompute.run_job`, offline extractive summarizer) after the first turn stored it.
 Goals: < 5 ms added at p50 for 128k tokens; the first streamed byte < 5 ms later than direct.
 Prints a markdown table; asserts nothing.
 """
@@ -49,12 +49,12 @@ from bench.harness import (
     stitched,
     wait_up,
 )
+from shared.commands.redisproc import RedisProcess, free_port
 from shared.errors import NotFound
 from shared.extractive import ExtractiveSummarizer
-from shared.jobs import SummaryJob
 from shared.messages import Message
-from shared.precompute import run_job
-from shared.redisproc import RedisProcess, free_port
+from shared.service.jobs import SummaryJob
+from shared.service.precompute import run_job
 from shared.settings import Settings
 from shared.store import Store
 

@@ -24,14 +24,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from shared import keys
+from shared.commands.redisproc import RedisProcess, free_port
+from shared.commands.up import worker_argv
 from shared.hashing import prefix_hash
-from shared.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
 from shared.messages import Message
-from shared.redisproc import RedisProcess, free_port
-from shared.service import worker_argv
+from shared.service.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, keys
 from worker.app import make_app
 
 ROOT = Path(__file__).resolve().parent.parent

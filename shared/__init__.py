@@ -1,14 +1,8 @@
 """prefit's core library: fit long LLM conversations into a model's input window."""
 
+from shared.calibration import CalibratedCounter, MemoryRatios, RatioStore
 from shared.client import AsyncPrefitClient, PrefitClient
-from shared.counters import (
-    CalibratedCounter,
-    HeuristicCounter,
-    MemoryRatios,
-    RatioStore,
-    TiktokenCounter,
-    TokenCounter,
-)
+from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
 from shared.errors import (
     ConfigError,
     ContextLengthExceeded,

@@ -8,7 +8,7 @@ update rule, which every store must apply exactly (see `smoothed`):
     new = r                                     for the first observation of a model
     new = clamp((1 - smoothing) * prev + smoothing * r, lo, hi)    afterwards
 
-A model of None is stored under `NO_MODEL` (""). Import these names from `shared.counters`.
+A model of None is stored under `NO_MODEL` ("").
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from shared.counters import HeuristicCounter
 from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.errors import ConfigError
 from shared.logs import get_logger
@@ -115,8 +116,6 @@ class CalibratedCounter:
         ratios: RatioStore | None = None,
     ) -> None:
         if base is None:
-            from shared.counters import HeuristicCounter  # counters re-exports this module
-
             base = HeuristicCounter()
         if not _real(smoothing) or not 0 < smoothing <= 1:
             raise ConfigError(f"smoothing must be in (0, 1], got {smoothing!r}")

@@ -12,7 +12,7 @@ counted last is kept as private copies (`RecentTranscript`), so the same transcr
 grown by a message, is matched by C-level list equality; any other message is looked up by
 its content key (`message_key`) in a bounded `CountCache`. Either way only new content is
 tokenized. Calibration (`CalibratedCounter`, `RatioStore`, ...) lives in
-shared/calibration.py and is re-exported here.
+shared/calibration.py, which builds on these counters.
 """
 
 from __future__ import annotations
@@ -25,14 +25,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
-from shared.calibration import (
-    NO_MODEL,
-    CalibratedCounter,
-    MemoryRatios,
-    RatioStore,
-    ScaledCounter,
-    smoothed,
-)
 from shared.countcache import CountCache, RecentTranscript, missing
 from shared.counting import CountOnly, MessageCounter, TokenCounter, per_message
 from shared.encodings import load_encoding
@@ -42,20 +34,14 @@ from shared.messages import Message, ToolSpec
 
 __all__ = [
     "NON_TEXT_PART_TOKENS",
-    "NO_MODEL",
-    "CalibratedCounter",
     "CountCache",
     "CountOnly",
     "HeuristicCounter",
-    "MemoryRatios",
     "MessageCounter",
-    "RatioStore",
-    "ScaledCounter",
     "TiktokenCounter",
     "TokenCounter",
     "message_key",
     "per_message",
-    "smoothed",
     "tools_json",
 ]
 

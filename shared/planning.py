@@ -13,15 +13,35 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from shared.counting import MessageCounter
 from shared.hashing import prefix_hash
 from shared.messages import Message, ToolSpec
+from shared.strategies import Summarize
 from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarize import plan_cut
 
-if TYPE_CHECKING:
-    from shared.policy import ContextPolicy
+
+class Planner(Protocol):
+    """What planning needs of a policy (`ContextPolicy` is one)."""
+
+    trigger: float
+    counter: MessageCounter
+    summarize_params: Summarize
+
+    def budget(self, model: str | None) -> int: ...
+
+    def regions(self, transcript: Sequence[Message]) -> tuple[int, int]: ...
+
+    def state(self, tokens: int, model: str | None) -> str: ...
+
+    def with_best(
+        self,
+        transcript: Sequence[Message],
+        book: SummaryBook | None,
+        hashes: Sequence[str] | None = None,
+    ) -> tuple[list[Message], SummaryRecord | None]: ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +55,7 @@ class SummaryPlan:
 
 
 def plan_summary(
-    policy: ContextPolicy,
+    policy: Planner,
     transcript: Sequence[Message],
     *,
     tools: Sequence[ToolSpec] = (),

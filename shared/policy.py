@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from shared.counters import CalibratedCounter, HeuristicCounter, ScaledCounter
+from shared.calibration import CalibratedCounter, ScaledCounter
+from shared.counters import HeuristicCounter
 from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.cut import Shortcut, can_decide, default_steps
 from shared.errors import ConfigError, UnknownModel

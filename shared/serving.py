@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.counting import MessageCounter
+from shared.head import Head
 from shared.messages import Message, ToolSpec
 from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
@@ -20,11 +21,21 @@ from shared.summarize import summary_message
 
 if TYPE_CHECKING:
     from shared.cut import Shortcut
-    from shared.policy import ContextPolicy
+
+
+class Regions(Protocol):
+    """What serving a record needs of a policy (`ContextPolicy` is one)."""
+
+    trigger: float
+    keep_recent: int
+
+    def head(self, transcript: Sequence[Message]) -> Head: ...
+
+    def regions(self, transcript: Sequence[Message]) -> tuple[int, int]: ...
 
 
 def with_best(
-    policy: ContextPolicy,
+    policy: Regions,
     transcript: Sequence[Message],
     book: SummaryBook | None,
     hashes: Sequence[str] | None = None,
@@ -43,7 +54,7 @@ def with_best(
 
 
 def from_book(
-    policy: ContextPolicy,
+    policy: Regions,
     messages: list[Message],
     counter: MessageCounter,
     *,

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     redis_max_connections: int = 512
     lease_ttl_s: float = 30.0
 
-    # calibration per tenant and model (shared/settling.py)
+    # calibration per tenant and model (shared/service/settling.py)
     calibration_settle_after: int = Field(default=100, ge=1)
     calibration_tolerance: float = Field(default=1.5, gt=1.0)
     calibration_retention_s: int = Field(default=30 * 24 * 3600, gt=0)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from shared.broker import BrokerKind, broker_kind
+from shared.service.broker import BrokerKind, broker_kind
 
 SWITCH = "PREFIT_TEST_BROKER"
 LOCAL_AMQP = "amqp://guest:guest@127.0.0.1:5672//"
@@ -93,7 +93,7 @@ def require(url: str) -> str:
 
 def unreachable_broker() -> str:
     """A broker URL of the switch's kind on a port where nothing listens."""
-    from shared.redisproc import free_port
+    from shared.commands.redisproc import free_port
 
     port = free_port()
     if chosen()[0] == "amqp":
@@ -134,7 +134,7 @@ needs_rabbitmqctl = pytest.mark.skipif(
 
 def drop_connections(named: str) -> int:
     """Have RabbitMQ close the connections called `named` (as a broker restart would close
-    them); how many it closed. `shared.broker.connection_name` names a process's."""
+    them); how many it closed. `shared.service.broker.connection_name` names a process's."""
     listed = subprocess.run(
         ["rabbitmqctl", "list_connections", "pid", "client_properties", "-q"],
         capture_output=True, text=True, timeout=60, check=True,

@@ -91,8 +91,8 @@ def cluster_backend() -> Iterator[ClusterBackend | None]:
     if backend().kind != "cluster":
         yield None
         return
-    from shared.clusterproc import ClusterProcess
-    from shared.redisproc import RedisProcess
+    from shared.commands.clusterproc import ClusterProcess
+    from shared.commands.redisproc import RedisProcess
 
     with ClusterProcess() as cluster, RedisProcess() as broker:
         mode = {"PREFIT_REDIS_CLUSTER": "true", "PREFIT_BROKER_URL": broker.url}
@@ -115,7 +115,7 @@ def redis_url(cluster_backend: ClusterBackend | None) -> Iterator[str]:
 
     Tests never flush: they write under a unique tenant (see `tenant`).
     """
-    from shared.redisproc import RedisProcess
+    from shared.commands.redisproc import RedisProcess
 
     chosen = backend()
     if cluster_backend is not None:
@@ -140,7 +140,7 @@ def cluster_url(cluster_backend: ClusterBackend | None) -> Iterator[str]:
         yield cluster_backend.url
         return
     require_cluster()
-    from shared.clusterproc import ClusterProcess
+    from shared.commands.clusterproc import ClusterProcess
 
     with ClusterProcess() as cluster:
         yield cluster.url

@@ -7,7 +7,7 @@
   this, so a missing install never quietly turns into a run on fakeredis);
 - `fakeredis`: fakeredis as if no redis-server were installed (tests that drive a redis-server
   process of their own skip), so CI can exercise the laptop path too;
-- `cluster`: a throwaway 3-master Redis Cluster (shared/clusterproc.py) as the store, and a
+- `cluster`: a throwaway 3-master Redis Cluster (shared/commands/clusterproc.py) as the store, and a
   throwaway redis-server as the Celery broker (kombu has no cluster transport): every
   `Settings` the session builds is in cluster mode (`PREFIT_REDIS_CLUSTER`, `PREFIT_BROKER_URL`
   are set for the session). Tests that drive a redis-server process of their own skip.
@@ -33,8 +33,8 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from shared.clusterproc import find_redis_cli
-from shared.redisproc import find_redis_server, reachable
+from shared.commands.clusterproc import find_redis_cli
+from shared.commands.redisproc import find_redis_server, reachable
 from shared.settings import Settings
 from shared.store.client import Client, connect
 

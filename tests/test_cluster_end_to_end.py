@@ -10,9 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from shared import keys
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, keys
 from tests.api.conftest import make_settings
 from tests.api.test_end_to_end import (
     NAME,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from shared import cli
+from shared.commands import cli
 from tests.conftest import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from shared.redisproc import reachable
+from shared.commands.redisproc import reachable
 from tests import redisbackend
 from tests.redisbackend import SWITCH, FakeRedisServer, backend
 

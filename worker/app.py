@@ -8,7 +8,7 @@ scale further; the per-conversation lease keeps them from duplicating work.
 Delivery is at least once: acks are late and a task whose worker died is handed out again
 (on Redis once the visibility timeout has passed, on RabbitMQ as soon as the worker's
 connection is gone). There is no result backend: a summary's only product is the record the
-task writes to the store. The broker is Redis or RabbitMQ (`shared.broker`).
+task writes to the store. The broker is Redis or RabbitMQ (`shared.service.broker`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 from celery import Celery
 from celery.signals import worker_init, worker_ready, worker_shutdown
 
-from shared.broker import broker_kind, celery_options, consumer_timeout_note
-from shared.jobs import TASK_NAME
 from shared.logs import configure_logging, get_logger
+from shared.service.broker import broker_kind, celery_options, consumer_timeout_note
+from shared.service.jobs import TASK_NAME
 from shared.settings import Settings, get_settings
 from worker.broker import transport_for
 from worker.runtime import Runtime

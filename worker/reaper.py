@@ -18,10 +18,10 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from shared.broker import priority
 from shared.errors import StoreUnavailable
-from shared.jobs import PRIORITY_STALE, TASK_NAME
 from shared.logs import get_logger
+from shared.service.broker import priority
+from shared.service.jobs import PRIORITY_STALE, TASK_NAME
 from shared.store import Store, Ticket
 
 BATCH = 100

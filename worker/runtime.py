@@ -23,9 +23,9 @@ import structlog
 
 from shared.errors import ConfigError, StoreUnavailable
 from shared.extractive import ExtractiveSummarizer
-from shared.failures import Failures
 from shared.logs import get_logger
 from shared.providers import client_from_settings
+from shared.service.failures import Failures
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.breaker import provider_id, provider_label

@@ -1,6 +1,6 @@
-"""The one Celery task, `prefit.summarize`: a thin shell around `shared.precompute.run_job`.
+"""The one Celery task, `prefit.summarize`: a thin shell around `shared.service.precompute.run_job`.
 
-The task decides only what happens after a failure, as `shared.failures` says: retry after a
+The task decides only what happens after a failure, as `shared.service.failures` says: retry after a
 backoff (the provider's `retry_after` for a 429), dead-letter (a permanent error, or a
 range's attempts spent), or end quietly (another job blocked the range meanwhile). A
 message the broker redelivered (its worker died mid-task, acks are late) counts as a failed
@@ -24,10 +24,10 @@ from typing import Any
 import structlog
 
 from shared.errors import ConfigError, PrefitError, StoreUnavailable
-from shared.failures import Decision, error_text
-from shared.jobs import TASK_NAME, SummaryJob
 from shared.logs import get_logger
-from shared.precompute import Outcome, Progress, run_job
+from shared.service.failures import Decision, error_text
+from shared.service.jobs import TASK_NAME, SummaryJob
+from shared.service.precompute import Outcome, Progress, run_job
 from shared.store import Ticket
 from worker.runtime import Runtime
 
@@ -73,7 +73,7 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
     progress = Progress()
     try:
         outcome = _run(runtime, job, ticket, progress)
-    except Exception as exc:  # what comes next is for shared.failures to say
+    except Exception as exc:  # what comes next is for shared.service.failures to say
         if not isinstance(exc, PrefitError):  # a bug or an unforeseen fault: where, not what
             log.error("summary.task_crashed", error=_name(exc), at=_where(exc), **_ids(job))
         decision = runtime.failures.decide(job, progress, exc, retries=int(request.retries))

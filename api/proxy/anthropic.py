@@ -1,10 +1,10 @@
 """The Anthropic Messages dialect (`POST /v1/messages`).
 
-`system` and `messages` are converted losslessly to prefit's format (shared/formats.py) and
-the fitted prompt back; every other field rides along. The prompt count is
-`input_tokens + cache_read_input_tokens + cache_creation_input_tokens`, found in a streamed
-answer's `message_start` event. The upstream is authenticated with `x-api-key`, and the
-client's `anthropic-version` and `anthropic-beta` headers are passed on.
+`system` and `messages` are converted losslessly to prefit's format
+(shared/formats/anthropic.py) and the fitted prompt back; every other field rides along.
+The prompt count is `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`,
+found in a streamed answer's `message_start` event. The upstream is authenticated with
+`x-api-key`, and the client's `anthropic-version` and `anthropic-beta` headers are passed on.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 All parts share one sync client (thread safe; FastAPI handlers call it from the threadpool): a
 `redis.Redis`, or a `RedisCluster` with `PREFIT_REDIS_CLUSTER=true` (shared/store/client.py;
-every script and MULTI touches one slot, see shared/keys.py). Every public method turns Redis
-connection faults and timeouts into `StoreUnavailable`. Key formats are in shared/keys.py.
+every script and MULTI touches one slot, see shared/store/keys.py). Every public method turns Redis
+connection faults and timeouts into `StoreUnavailable`. Key formats are in shared/store/keys.py.
 
     store = Store.from_url(settings.redis_url, settings)
     store.conversations.append(tenant, conv_id, new_messages, expected_length=n)
@@ -18,8 +18,8 @@ import redis
 
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
+from shared.service.settling import SettlingRule
 from shared.settings import Settings
-from shared.settling import SettlingRule
 from shared.store.blocks import Blocks, Range
 from shared.store.breaker import Breakers, BreakerState
 from shared.store.calibration import Calibration, RedisRatios, TenantRatios

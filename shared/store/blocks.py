@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared import keys
+from shared.store import keys
 from shared.store.client import Client, guarded, text, ttl_ms
 from shared.summaries import SummaryRecord
 

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from shared import keys
 from shared.settings import Settings
+from shared.store import keys
 from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 from shared.store.inflight import NOW
 

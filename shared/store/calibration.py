@@ -2,7 +2,7 @@
 
 A ratio (provider's prompt tokens / our estimate) is kept per tenant: observations come from
 a tenant's own clients, so what one tenant reports never changes how another tenant's
-prompts are counted. Updates follow the service's `SettlingRule` (shared/settling.py) in one
+prompts are counted. Updates follow the service's `SettlingRule` (shared/service/settling.py) in one
 Lua call: an implausible observation is refused and changes nothing. A ratio key expires
 `retention_s` after its last accepted observation (then the model counts at 1.0 again).
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shared import keys
 from shared.calibration import RatioStore
 from shared.errors import ImplausibleObservation
-from shared.settling import SettlingRule
+from shared.service.settling import SettlingRule
+from shared.store import keys
 from shared.store.client import Client, guarded, text, ttl_ms
 
 # KEYS: ratio hash. ARGV: observed, low, high, settle after, tolerance, ttl ms.
@@ -103,7 +103,7 @@ class RedisRatios:
 class TenantRatios:
     """One tenant's ratios as a `RatioStore`. `update` applies the service's `SettlingRule`:
     the `smoothing` and `bounds` a `CalibratedCounter` passes are not used, since a tenant's
-    ratio settles instead (shared/settling.py)."""
+    ratio settles instead (shared/service/settling.py)."""
 
     ratios: RedisRatios
     tenant: str

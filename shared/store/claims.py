@@ -32,9 +32,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys
 from shared.errors import NotFound, StoreUnavailable
 from shared.logs import get_logger
+from shared.store import keys
 from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
 from shared.store.chain import EMPTY
 from shared.store.client import Client, eval_in, guarded, text, ttl_ms

@@ -3,7 +3,7 @@
 A standalone Redis gets a `redis.Redis`; a Redis Cluster (`PREFIT_REDIS_CLUSTER=true`) gets
 redis-py's `RedisCluster`, which reads the cluster's topology from the node `REDIS_URL` names
 when it is made and sends each command to the node serving its keys. Every script and MULTI
-of the store touches one slot (shared/keys.py), so both clients run the same code, with one
+of the store touches one slot (shared/store/keys.py), so both clients run the same code, with one
 difference in pipelines: a cluster pipeline has no `eval` method, so scripts go into
 pipelines through `eval_in`.
 """

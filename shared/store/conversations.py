@@ -28,11 +28,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from shared import keys
 from shared.errors import NotFound
 from shared.hashing import prefix_hashes
 from shared.messages import Message
-from shared.store import scripts
+from shared.store import keys, scripts
 from shared.store.chain import EMPTY
 from shared.store.client import Client, guarded, text
 from shared.store.directory import Directory

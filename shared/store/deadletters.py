@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from shared import keys
 from shared.errors import ConfigError
+from shared.store import keys
 from shared.store.client import Client, guarded, ttl_ms
 
 MAX_ERROR_CHARS = 2000

@@ -1,9 +1,9 @@
 """The tenant's directory of summary records by prefix hash: one summary, many conversations.
 
-A record lives in its conversation's slot (shared/keys.py), beside the messages it
+A record lives in its conversation's slot (shared/store/keys.py), beside the messages it
 summarizes. Two features look for records across a tenant's conversations: a forked
 conversation (one that begins as another does) reuses the other's record instead of paying
-for a new summary (the workers' `exists` path, shared/precompute.py), and the stateless
+for a new summary (the workers' `exists` path, shared/service/precompute.py), and the stateless
 `/v1/prepare` serves a record to a transcript that is not stored at all (shared/store/lookup.py).
 So each record is also copied into the tenant's slot: `keys.directory(tenant, h)` holds a copy
 of a record for the prefix `h`, and `keys.directory_refs(tenant, h)` the ids of the
@@ -28,9 +28,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared import keys
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
+from shared.store import keys
 from shared.store.client import Client, guarded, ttl_ms
 from shared.summaries import SummaryRecord
 

@@ -26,8 +26,8 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from shared import keys
 from shared.errors import StoreUnavailable
+from shared.store import keys
 from shared.store.chain import EMPTY
 from shared.store.client import Client, guarded, text
 from shared.store.records import BEST

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared import keys
+from shared.store import keys
 from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 
 # The time in ms on Redis's clock, so every worker and reaper compares with the same clock.

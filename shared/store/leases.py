@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from shared import keys
 from shared.errors import ConfigError, LeaseLost, StoreUnavailable
 from shared.logs import get_logger
+from shared.store import keys
 from shared.store.client import Client, eval_in, guarded, text, ttl_ms
 from shared.store.inflight import InFlight, Ticket
 

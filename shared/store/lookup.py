@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from shared import keys
+from shared.store import keys
 from shared.store.client import Client, guarded
 from shared.summaries import SummaryRecord
 

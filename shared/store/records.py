@@ -16,8 +16,8 @@ import builtins
 from collections.abc import Sequence
 from typing import Any
 
-from shared import keys
 from shared.errors import ConfigError, NotFound, StoreUnavailable
+from shared.store import keys
 from shared.store.client import Client, guarded, text, ttl_ms
 from shared.store.directory import Directory
 from shared.summaries import SummaryBook, SummaryRecord

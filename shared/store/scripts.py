@@ -2,7 +2,7 @@
 conversation: `APPEND`, `REPLACE` and `DELETE`.
 
 Record keys are built inside Lua from `keys.record_prefix(tenant, conv_id)` .. prefix hash,
-passed in as ARGV, so the formats still come only from shared/keys.py. Every key a script
+passed in as ARGV, so the formats still come only from shared/store/keys.py. Every key a script
 touches carries the conversation's hash tag, so the scripts stay single-slot under Redis
 Cluster. The tenant's directory of record copies (shared/store/directory.py) is in another
 slot: the scripts that drop records return their prefix hashes, and the caller updates the

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys
 from shared.messages import Message
+from shared.store import keys
 from shared.store.chain import EMPTY
 from shared.store.client import Client, guarded, text, ttl_ms
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from shared import keys
 from shared.errors import ConfigError
+from shared.store import keys
 from shared.store.client import Client, guarded, text
 
 # KEYS: usage hash. ARGV: input tokens, output tokens, cost, summaries. `UsageStore.add` as one

@@ -30,11 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from shared import keys
 from shared.errors import ConfigError, InvalidTranscript, LengthMismatch
 from shared.hashing import EMPTY, canonical, digest_of
 from shared.messages import Message
-from shared.store import scripts
+from shared.store import keys, scripts
 from shared.store.client import Client, guarded, text, ttl_ms
 from shared.store.directory import Directory
 from shared.summaries import SummaryRecord

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from shared.jobs import SummaryJob
+from shared.service.jobs import SummaryJob
 from shared.settings import ModelWindow, Settings
 from shared.store import Store
 

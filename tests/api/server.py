@@ -14,8 +14,8 @@ import httpx
 import uvicorn
 from starlette.applications import Starlette
 
-from shared.redisproc import free_port
-from shared.service import api_argv
+from shared.commands.redisproc import free_port
+from shared.commands.up import api_argv
 from tests.conftest import ROOT
 
 START_TIMEOUT_S = 10.0

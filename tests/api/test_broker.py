@@ -9,9 +9,9 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from api.broker import AmqpBroker, RedisBroker, broker_check
 from api.enqueue import CeleryEnqueue
-from shared.broker import connection_name
-from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
-from shared.redisproc import free_port
+from shared.commands.redisproc import free_port
+from shared.service.broker import connection_name
+from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.settings import Settings
 from tests.api.conftest import Recorder, make_settings
 from tests.brokerbackend import drop_connections, needs_rabbitmqctl, new_queue

@@ -8,12 +8,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.deps import counter_id
-from shared import keys
 from shared.counters import HeuristicCounter
 from shared.hashing import prefix_hash
-from shared.jobs import PRIORITY_AHEAD
 from shared.policy import ContextPolicy
-from shared.store import Store
+from shared.service.jobs import PRIORITY_AHEAD
+from shared.store import Store, keys
 from shared.store.tally import Tally
 from shared.summaries import SummaryBook, SummaryRecord
 from tests.api.conftest import RESERVE, WINDOW, Recorder

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.app import create_app
 from api.deadline import RequestDeadline
-from shared.redisproc import RedisProcess
+from shared.commands.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
 from tests.api.helpers import body, chat, conv_id, user
 from tests.api.server import serve

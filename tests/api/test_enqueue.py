@@ -11,13 +11,12 @@ import redis
 from kombu.connection import Connection
 
 from api.enqueue import CeleryEnqueue, SummaryTrigger, marker_for, size_step
-from shared import keys
-from shared.broker import connection_name
+from shared.commands.redisproc import free_port
 from shared.errors import StoreUnavailable
-from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
-from shared.redisproc import free_port
+from shared.service.broker import connection_name
+from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.settings import Settings
-from shared.store import Range, Store
+from shared.store import Range, Store, keys
 from shared.summaries import SummaryRecord
 from tests.api.conftest import Recorder
 from tests.brokerbackend import drop_connections, needs_rabbitmqctl, new_queue

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from shared.redisproc import RedisProcess
+from shared.commands.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
 from tests.api.helpers import body, chat, conv_id, user
 from tests.redisbackend import require_redis_server

@@ -12,8 +12,8 @@ from api.policies import make_policy, resolve_window
 from shared.counters import HeuristicCounter
 from shared.formats import from_anthropic
 from shared.hashing import prefix_hash
-from shared.jobs import PRIORITY_STALE, SummaryJob
 from shared.messages import validate
+from shared.service.jobs import PRIORITY_STALE, SummaryJob
 from shared.settings import Settings
 from shared.store import Store
 from shared.strategies import Summarize

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from shared.redisproc import free_port
-from shared.service import METRICS_DIR, api_argv
+from shared.commands.redisproc import free_port
+from shared.commands.up import METRICS_DIR, api_argv
 from tests.api.conftest import RESERVE, WINDOW, key_of
 from tests.api.helpers import assistant, chat, conv_id, user
 
@@ -163,7 +163,16 @@ def test_prefit_up_runs_the_api_processes_on_one_port(
     metrics in a directory of the run's own, summed on `/metrics`, removed at the end."""
     port = free_port()
     env = environment(redis_url, tenant, model, PREFIT_WORKER_CONCURRENCY="2")
-    argv = [sys.executable, "-m", "shared.cli", "up", "--api-workers", "2", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "shared.commands.cli",
+        "up",
+        "--api-workers",
+        "2",
+        "--port",
+        str(port),
+    ]
     up = subprocess.Popen(
         argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

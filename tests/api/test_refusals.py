@@ -11,9 +11,8 @@ import redis
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from shared import keys
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, keys
 from tests.api.conftest import Recorder, key_of
 from tests.api.helpers import assistant, body, call, chat, result, user
 

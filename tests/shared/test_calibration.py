@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 
-from shared.calibration import NO_MODEL, scale
-from shared.counters import (
+from shared.calibration import (
+    NO_MODEL,
     CalibratedCounter,
-    HeuristicCounter,
     MemoryRatios,
     ScaledCounter,
+    scale,
     smoothed,
 )
+from shared.counters import HeuristicCounter
 from shared.errors import ConfigError
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared import encodings
-from shared.counters import CalibratedCounter, HeuristicCounter, TiktokenCounter
+from shared.calibration import CalibratedCounter
+from shared.counters import HeuristicCounter, TiktokenCounter
 from shared.counting import CountOnly, MessageCounter, per_message
 from shared.errors import ConfigError, DoesNotFit
 from shared.messages import Message, ToolSpec

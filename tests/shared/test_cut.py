@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.counters import CalibratedCounter, HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.calibration import CalibratedCounter
+from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
 from shared.cut import default_steps
 from shared.errors import DoesNotFit
 from shared.hashing import prefix_hashes

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.counters import HeuristicCounter, ScaledCounter
+from shared.calibration import ScaledCounter
+from shared.counters import HeuristicCounter
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
 from shared.hashing import prefix_hashes
 from shared.llm import Completion

@@ -15,11 +15,11 @@ from celery.contrib.testing.worker import start_worker
 from celery.signals import task_postrun, task_prerun, task_retry
 from celery.worker import state
 
-from shared.broker import priority
-from shared.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
 from shared.messages import Message
 from shared.policy import ContextPolicy
-from shared.precompute import counter_for, policy_for
+from shared.service.broker import priority
+from shared.service.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
+from shared.service.precompute import counter_for, policy_for
 from shared.settings import Settings
 from shared.store import Store
 from shared.summarizers import render

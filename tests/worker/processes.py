@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from shared.service import worker_argv
+from shared.commands.up import worker_argv
 from shared.settings import Settings
 from tests.conftest import ROOT
 from tests.worker.helpers import SUMMARIZER_MODEL

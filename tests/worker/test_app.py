@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import structlog
 from celery.app.utils import find_app
 
-from shared.broker import celery_options
-from shared.jobs import TASK_NAME
+from shared.service.broker import celery_options
+from shared.service.jobs import TASK_NAME
 from shared.settings import Settings
 from worker.app import celery_config, check_consumer_timeout, make_app, restore_interval
 

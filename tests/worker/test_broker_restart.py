@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE
-from shared.redisproc import RedisProcess
+from shared.commands.redisproc import RedisProcess
+from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE
 from shared.settings import Settings
 from shared.store import Store
 from tests.brokerbackend import chosen

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.broker import broker_kind
+from shared.service.broker import broker_kind
 from shared.store import Store
 from shared.summaries import SummaryRecord
 from tests.fakellm import FakeLLM

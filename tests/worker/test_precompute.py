@@ -9,13 +9,12 @@ from typing import Any
 import pytest
 import structlog
 
-from shared import keys
 from shared.errors import LeaseLost
 from shared.llm import Completion
 from shared.messages import Message
-from shared.precompute import Outcome, run_job
+from shared.service.precompute import Outcome, run_job
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, keys
 from shared.summarizers import Summarizer
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import (

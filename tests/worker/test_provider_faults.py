@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from shared.jobs import PRIORITY_STALE
+from shared.service.jobs import PRIORITY_STALE
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.breaker import provider_id

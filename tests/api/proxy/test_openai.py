@@ -11,9 +11,9 @@ import openai
 import pytest
 
 from shared.extractive import ExtractiveSummarizer
-from shared.jobs import SummaryJob
 from shared.messages import validate
-from shared.precompute import run_job
+from shared.service.jobs import SummaryJob
+from shared.service.precompute import run_job
 from shared.summarize import summary_message
 from tests.api.conftest import RESERVE, WINDOW
 from tests.api.helpers import assistant, chat, user

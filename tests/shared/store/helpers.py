@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from shared import keys
 from shared.messages import Message
+from shared.store import keys
 from shared.store.client import Client
 
 

@@ -7,9 +7,8 @@ import uuid
 
 from pydantic import SecretStr
 
-from shared import keys
 from shared.settings import Settings
-from shared.store import Breakers, Store
+from shared.store import Breakers, Store, keys
 from shared.store.breaker import overall, provider_id, provider_label
 from tests.shared.store.helpers import run_threads
 

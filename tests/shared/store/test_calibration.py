@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from shared import keys
-from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.calibration import CalibratedCounter
+from shared.counters import HeuristicCounter
 from shared.errors import ImplausibleObservation
-from shared.settling import SettlingRule
-from shared.store import Calibration, Store
+from shared.service.settling import SettlingRule
+from shared.store import Calibration, Store, keys
 from shared.store.calibration import RedisRatios
 from tests.redisbackend import store_client
 from tests.shared.store.conftest import RETENTION_S

@@ -6,10 +6,9 @@ import threading
 
 import pytest
 
-from shared import keys
 from shared.errors import NotFound
 from shared.hashing import prefix_hashes
-from shared.store import Store
+from shared.store import Store, keys
 from shared.summaries import SummaryRecord
 from tests.shared.store.helpers import chat
 

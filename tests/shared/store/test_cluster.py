@@ -12,11 +12,10 @@ import redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.crc import key_slot
 
-from shared import keys
 from shared.errors import ConfigError
 from shared.hashing import prefix_hashes
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, keys
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.store.writes import Append
 from shared.summaries import SummaryRecord

@@ -6,10 +6,9 @@ from typing import Any
 
 import pytest
 
-from shared import keys
 from shared.errors import InvalidId, InvalidTranscript, LengthMismatch, NotFound
 from shared.hashing import canonical, prefix_hashes
-from shared.store import Store
+from shared.store import Store, keys
 from shared.summaries import SummaryRecord
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared.store.conftest import RETENTION_S

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from shared import keys
-from shared.store import DeadLetters, Store
+from shared.store import DeadLetters, Store, keys
 from shared.store.deadletters import MAX_ERROR_CHARS
 from tests.shared.store.conftest import RETENTION_S
 

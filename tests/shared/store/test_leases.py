@@ -6,9 +6,8 @@ import time
 
 import pytest
 
-from shared import keys
 from shared.errors import LeaseLost
-from shared.store import Lease, Store
+from shared.store import Lease, Store, keys
 from tests.shared.store.helpers import run_threads
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from shared import keys
 from shared.errors import ConfigError, NotFound
 from shared.hashing import prefix_hashes
-from shared.store import Store
+from shared.store import Store, keys
 from shared.summaries import SummaryBook, SummaryRecord
 from tests.shared.store.helpers import chat, run_threads, tenant_keys
 

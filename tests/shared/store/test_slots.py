@@ -20,8 +20,8 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from shared.commands.redisproc import RedisProcess
 from shared.hashing import prefix_hashes
-from shared.redisproc import RedisProcess
 from shared.settings import Settings
 from shared.store import (
     Range,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from shared.commands.redisproc import RedisProcess, free_port
 from shared.errors import NotFound, StoreUnavailable
-from shared.redisproc import RedisProcess, free_port
 from shared.settings import Settings
 from shared.store import Store
 from shared.summaries import SummaryRecord

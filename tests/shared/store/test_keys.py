@@ -10,9 +10,9 @@ import re
 import pytest
 from redis.crc import key_slot
 
-from shared import keys
 from shared.errors import ConfigError, InvalidId
 from shared.hashing import prefix_hash
+from shared.store import keys
 
 H = prefix_hash([])
 

@@ -17,9 +17,9 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
-from shared import service
-from shared.redisproc import free_port, reachable
-from shared.service import (
+from shared.commands import up as service
+from shared.commands.redisproc import free_port, reachable
+from shared.commands.up import (
     Backoff,
     Supervisor,
     UpOptions,
@@ -240,7 +240,16 @@ def test_prefit_up_keeps_serving_while_its_killed_worker_comes_back(tmp_path: Pa
     out, err = tmp_path / "out.txt", tmp_path / "err.txt"
     with out.open("wb") as stdout, err.open("wb") as stderr:
         up = subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--grace", "5"],
+            [
+                sys.executable,
+                "-m",
+                "shared.commands.cli",
+                "up",
+                "--port",
+                str(port),
+                "--grace",
+                "5",
+            ],
             cwd=ROOT,
             env=env,
             stdout=stdout,

@@ -29,9 +29,9 @@ from shared.errors import (
     RetryableLLMError,
     StoreUnavailable,
 )
-from shared.jobs import SummaryJob
 from shared.logs import get_logger
-from shared.precompute import Progress
+from shared.service.jobs import SummaryJob
+from shared.service.precompute import Progress
 from shared.settings import Settings
 from shared.store import Store
 

@@ -22,15 +22,16 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from shared.calibration import NO_MODEL
-from shared.counters import CalibratedCounter, HeuristicCounter
+from shared.calibration import NO_MODEL, CalibratedCounter
+from shared.counters import HeuristicCounter
 from shared.counting import MessageCounter
 from shared.errors import LeaseLost, StoreUnavailable
-from shared.jobs import SummaryJob
 from shared.logs import get_logger
-from shared.outcomes import FINAL, Outcome, Progress, Status
 from shared.planning import SummaryPlan
 from shared.policy import ContextPolicy
+from shared.service.jobs import SummaryJob
+from shared.service.outcomes import FINAL, Outcome, Progress, Status
+from shared.service.windows import service_policy
 from shared.settings import Settings
 from shared.store import BreakerState, Claim, HeldLease, Range, Store, Ticket
 from shared.store.blocks import origin
@@ -38,7 +39,6 @@ from shared.store.breaker import CLOSED
 from shared.store.conversations import Conversation, ConversationMeta
 from shared.summarize import Built, build_record
 from shared.summarizers import Summarizer
-from shared.windows import service_policy
 
 # Rounds of (plan, lease, write) per job: a conversation growing while its summary is made
 # gets the next record from the same job, but a job never loops for ever on a busy stream.

@@ -1,7 +1,7 @@
 """A throwaway Redis Cluster on loopback: for the tests and benchmarks of the cluster store.
 
 `ClusterProcess(3)` starts three `redis-server --cluster-enabled yes` children
-(shared/redisproc.py), each on a free port and in a temporary directory of its own (a node
+(shared/commands/redisproc.py), each on a free port and in a temporary directory of its own (a node
 keeps its cluster state in `nodes.conf` there), joins them with `redis-cli --cluster create
 ... --cluster-replicas 0` (the slots split evenly, no replicas) and waits until every node
 reports `cluster_state:ok`.
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import redis
 
+from shared.commands.redisproc import RedisProcess, find_redis_server
 from shared.errors import ConfigError, StoreUnavailable
-from shared.redisproc import RedisProcess, find_redis_server
 
 START_TIMEOUT_S = 20.0
 BUS_OFFSET = 10_000  # a node's cluster bus listens on its port + 10000

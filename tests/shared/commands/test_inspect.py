@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.inspect import main
+from shared.commands.inspect import main
 from tests.conftest import needs_transcripts
 from tests.shared.strategies.test_strategies import agent
 

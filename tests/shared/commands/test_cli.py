@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import cli
 from shared.client import PrefitClient
-from shared.demo import DemoOptions, generate_conversation, load_conversation, replay
+from shared.commands import cli
+from shared.commands.demo import DemoOptions, generate_conversation, load_conversation, replay
+from shared.commands.redisproc import free_port, reachable
 from shared.errors import InvalidTranscript
 from shared.messages import groups, validate
-from shared.redisproc import free_port, reachable
 from shared.settings import Settings
 from tests.conftest import ROOT, needs_transcripts, transcript_files
 from tests.redisbackend import needs_redis_server
@@ -106,14 +106,14 @@ def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_inspect_is_handed_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`prefit inspect ...` calls shared.inspect.main with the rest of the command line."""
+    """`prefit inspect ...` calls shared.commands.inspect.main with the rest of the command line."""
     got: list[list[str]] = []
 
     def fake_main(argv: list[str]) -> int:
         got.append(argv)
         return 5
 
-    monkeypatch.setitem(sys.modules, "shared.inspect", SimpleNamespace(main=fake_main))
+    monkeypatch.setitem(sys.modules, "shared.commands.inspect", SimpleNamespace(main=fake_main))
     assert cli.main(["inspect", "t.json", "--window", "9"]) == 5
     assert got == [["t.json", "--window", "9"]]
 
@@ -258,7 +258,7 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PREFIT_REDIS_URL")}
     env.update(PREFIT_API_KEYS="demo:demo-key", PREFIT_WORKER_CONCURRENCY="4")
     up = subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", "up", "--port", str(port), "--grace", "10"],
+        [sys.executable, "-m", "shared.commands.cli", "up", "--port", str(port), "--grace", "10"],
         env=env,
         cwd=ROOT,
         stdout=subprocess.PIPE,
@@ -273,7 +273,7 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
             [
                 sys.executable,
                 "-m",
-                "shared.cli",
+                "shared.commands.cli",
                 "demo",
                 "--generate",
                 "--turns",
@@ -368,7 +368,7 @@ def test_demo_log_lines_are_human_on_a_terminal(monkeypatch: pytest.MonkeyPatch)
 
 def test_up_warns_when_no_model_is_configured() -> None:
     """The banner says PREFIT_MODELS is empty, and says nothing when it is set."""
-    from shared.service import UpOptions, _banner
+    from shared.commands.up import UpOptions, _banner
     from shared.settings import ModelWindow, Settings
 
     opts = UpOptions(host="127.0.0.1", port=8000)

@@ -3,8 +3,9 @@
 - `prefit up`: the whole service on one machine (embedded Redis unless REDIS_URL is set).
 - `prefit worker`: become a Celery summary worker with the project's settings.
 - `prefit demo FILE | --generate`: replay a conversation against a running service.
-- `prefit inspect ...`: shared/inspect.py, imported only when asked for.
-- `prefit encodings [DIR] [--from SRC]`: tiktoken's files, checked (shared/encodingfiles.py).
+- `prefit inspect ...`: shared/commands/inspect.py, imported only when asked for.
+- `prefit encodings [DIR] [--from SRC]`: tiktoken's files, checked
+  (shared/commands/encodingfiles.py).
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from shared.client import PrefitClient
-from shared.demo import DemoOptions, generate_conversation, load_conversation, replay
+from shared.commands.demo import DemoOptions, generate_conversation, load_conversation, replay
+from shared.commands.up import UpOptions, run_up, worker_argv
 from shared.errors import PrefitError
 from shared.logs import configure_logging
-from shared.service import UpOptions, run_up, worker_argv
 from shared.settings import Settings, get_settings
 
 
@@ -95,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     encodings.set_defaults(command=_encodings)
 
-    # Listed for --help only: main() hands `inspect` and everything after it to shared.inspect.
+    # Listed for --help only: main() hands `inspect` and everything after it to
+    # shared.commands.inspect.
     sub.add_parser("inspect", help="show what prepare does to a transcript (see inspect -h)")
     return parser
 
@@ -166,7 +168,9 @@ def _demo(ns: argparse.Namespace, settings: Settings) -> int:
 
 
 def _encodings(ns: argparse.Namespace, settings: Settings) -> int:
-    from shared.encodingfiles import install_encodings  # tiktoken's loader only when asked for
+    from shared.commands.encodingfiles import (
+        install_encodings,  # tiktoken's loader only when asked for
+    )
 
     into = ns.into or settings.tiktoken_dir
     if into is None:
@@ -204,7 +208,7 @@ def _first_key(api_keys: str) -> str | None:
 def _inspect(argv: list[str]) -> int:
     # Hook for `prefit inspect`: imported lazily so the other
     # commands never pay for its imports, and it parses its own options.
-    module = importlib.import_module("shared.inspect")
+    module = importlib.import_module("shared.commands.inspect")
     return int(module.main(argv))
 
 

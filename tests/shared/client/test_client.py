@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from shared import client as client_module
 from shared.client import (
     AppendResult,
     AsyncPrefitClient,
@@ -20,6 +19,8 @@ from shared.client import (
     PreparedPrompt,
     SummaryInfo,
 )
+from shared.client import aio as aio_module
+from shared.client import sync as sync_module
 from shared.errors import (
     ConfigError,
     DoesNotFit,
@@ -71,7 +72,7 @@ class Recorder:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Record retry sleeps instead of sleeping."""
     waited: list[float] = []
-    monkeypatch.setattr(client_module, "_sleep", waited.append)
+    monkeypatch.setattr(sync_module, "_sleep", waited.append)
     return waited
 
 
@@ -304,7 +305,7 @@ def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPatch) ->
     async def fake_sleep(seconds: float) -> None:
         waited.append(seconds)
 
-    monkeypatch.setattr(client_module, "_async_sleep", fake_sleep)
+    monkeypatch.setattr(aio_module, "_async_sleep", fake_sleep)
     rec = Recorder(
         _error(503, "StoreUnavailable"),
         httpx.Response(200, json=APPENDED),

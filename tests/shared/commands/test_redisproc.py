@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from shared.commands.redisproc import RedisProcess, free_port, reachable
 from shared.errors import ConfigError, StoreUnavailable
-from shared.redisproc import RedisProcess, free_port, reachable
 from tests.redisbackend import needs_redis_server
 
 
@@ -62,7 +62,7 @@ def test_appendonly_keeps_data_across_kill(tmp_path: Path) -> None:
 
 def test_missing_executable_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """No redis-server anywhere, or a wrong path, raises ConfigError with a clear message."""
-    monkeypatch.setattr("shared.redisproc.find_redis_server", lambda: None)
+    monkeypatch.setattr("shared.commands.redisproc.find_redis_server", lambda: None)
     with pytest.raises(ConfigError, match="no redis-server found"):
         RedisProcess().start()
     with pytest.raises(ConfigError, match="does not exist"):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import tiktoken.load
 
-from shared import cli
-from shared.encodingfiles import install_encodings
+from shared.commands import cli
+from shared.commands.encodingfiles import install_encodings
 from shared.encodings import SPECS, load_encoding
 from shared.errors import ConfigError
 from shared.settings import Settings

@@ -6,9 +6,9 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from shared.clusterproc import BUS_OFFSET, ClusterProcess, _bindable, free_node_port
+from shared.commands.clusterproc import BUS_OFFSET, ClusterProcess, _bindable, free_node_port
+from shared.commands.redisproc import reachable
 from shared.errors import ConfigError
-from shared.redisproc import reachable
 from tests.redisbackend import require_cluster
 
 

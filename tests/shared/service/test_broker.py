@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from shared.broker import (
+from shared.errors import ConfigError
+from shared.service.broker import (
     MAX_PRIORITY,
     broker_kind,
     celery_options,
@@ -15,8 +16,7 @@ from shared.broker import (
     priority,
     queue_arguments,
 )
-from shared.errors import ConfigError
-from shared.jobs import PRIORITY_AHEAD, PRIORITY_STALE
+from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE
 from shared.settings import Settings
 
 REDIS, AMQP = "redis://127.0.0.1:6379/0", "amqp://guest:guest@127.0.0.1:5672//"

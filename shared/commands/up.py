@@ -28,9 +28,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from shared.commands.redisproc import RedisProcess, reachable
 from shared.errors import PrefitError, StoreUnavailable
 from shared.logs import get_logger
-from shared.redisproc import RedisProcess, reachable
 from shared.settings import Settings
 
 log = get_logger(__name__)

@@ -6,7 +6,7 @@ of the queue take their Celery settings from here, because:
 
 - priorities run in opposite directions: kombu's Redis transport keeps one list per step and
   pops the LOWEST step first, AMQP delivers the HIGHEST priority first (`x-max-priority`).
-  Callers speak in ranks, 0 the most urgent (`shared.jobs.PRIORITY_STALE`), and `priority`
+  Callers speak in ranks, 0 the most urgent (`shared.service.jobs.PRIORITY_STALE`), and `priority`
   turns a rank into the number the broker serves in that order;
 - RabbitMQ refuses to declare a queue again with other arguments (PRECONDITION_FAILED), and
   both ends declare it: the API when it publishes, the workers when they consume;

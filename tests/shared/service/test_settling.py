@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.errors import ConfigError, ImplausibleObservation
-from shared.settling import SettlingRule
+from shared.service.settling import SettlingRule
 
 
 def test_weights_shrink_to_a_floor() -> None:

@@ -23,14 +23,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from shared.anthropic_blocks import (
+from shared.errors import InvalidTranscript
+from shared.formats.blocks import (
     OPAQUE_BLOCKS,
     check_system,
     check_tool_spec,
     user_blocks,
     validate_message,
 )
-from shared.errors import InvalidTranscript
 from shared.messages import HEAD_ROLES, Message, ToolSpec, validate
 
 __all__ = ["from_anthropic", "to_anthropic", "tools_from_anthropic", "tools_to_anthropic"]

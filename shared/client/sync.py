@@ -1,0 +1,172 @@
+"""`PrefitClient`: the blocking client of the prefit HTTP API."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Literal, TypeVar
+
+import httpx
+
+from shared.client.calls import (
+    AppendResult,
+    Call,
+    ConversationInfo,
+    Health,
+    PreparedPrompt,
+    append_call,
+    delete_call,
+    get_call,
+    health_result,
+    observe_call,
+    prepare_call,
+    prepare_messages_call,
+    replace_call,
+)
+from shared.client.retrying import DEFAULT_URL, Retrying
+from shared.messages import Message, ToolSpec
+
+T = TypeVar("T")
+Format = Literal["openai", "anthropic"]
+_sleep = time.sleep  # module-level so tests can wait without waiting
+
+
+class PrefitClient(Retrying):
+    """Blocking client; use as a context manager or call `close()`."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        api_key: str | None = None,
+        *,
+        timeout: float = 10.0,
+        retries: int = 3,
+        transport: httpx.BaseTransport | None = None,
+        backoff: float = 0.2,
+        max_backoff: float = 5.0,
+    ) -> None:
+        super().__init__(base_url, api_key, retries, backoff, max_backoff)
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=timeout, transport=transport
+        )
+
+    def append(
+        self,
+        conv_id: str,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        expected_length: int | None = None,
+        max_input_tokens: int | None = None,
+        tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
+    ) -> AppendResult:
+        """Append messages to a conversation (created on first append)."""
+        return self._call(
+            append_call(
+                conv_id, messages, model, expected_length, max_input_tokens, tools, format, system
+            )
+        )
+
+    def replace(
+        self,
+        conv_id: str,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        max_input_tokens: int | None = None,
+        tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
+    ) -> AppendResult:
+        """Replace a conversation's whole transcript."""
+        return self._call(
+            replace_call(conv_id, messages, model, max_input_tokens, tools, format, system)
+        )
+
+    def get(self, conv_id: str) -> ConversationInfo:
+        """Length, tokens, model and known summaries of a conversation."""
+        return self._call(get_call(conv_id))
+
+    def delete(self, conv_id: str) -> None:
+        """Delete a conversation and its summaries."""
+        self._call(delete_call(conv_id))
+
+    def prepare(
+        self,
+        conv_id: str,
+        *,
+        model: str,
+        tools: Sequence[ToolSpec] = (),
+        pressure: float = 1.0,
+        wait_ms: int = 0,
+        max_input_tokens: int | None = None,
+        format: Format = "openai",
+    ) -> PreparedPrompt:
+        """The prompt to send now for a stored conversation."""
+        return self._call(
+            prepare_call(conv_id, model, tools, pressure, wait_ms, max_input_tokens, format)
+        )
+
+    def prepare_messages(
+        self,
+        messages: Sequence[Message],
+        *,
+        model: str,
+        tools: Sequence[ToolSpec] = (),
+        pressure: float = 1.0,
+        max_input_tokens: int | None = None,
+        format: Format = "openai",
+        system: Any = None,
+    ) -> PreparedPrompt:
+        """The prompt to send for a transcript the service does not store."""
+        return self._call(
+            prepare_messages_call(
+                messages, model, tools, pressure, max_input_tokens, format, system
+            )
+        )
+
+    def observe(
+        self,
+        *,
+        model: str,
+        messages: Sequence[Message],
+        actual_prompt_tokens: int,
+        tools: Sequence[ToolSpec] = (),
+        format: Format = "openai",
+        system: Any = None,
+    ) -> None:
+        """Report the provider's real prompt-token count for what was sent (calibration);
+        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them."""
+        self._call(observe_call(model, messages, tools, actual_prompt_tokens, format, system))
+
+    def health(self) -> Health:
+        """`/healthz`, once, without retries; never raises for an unreachable service."""
+        try:
+            return health_result(self._http.get("/healthz"))
+        except httpx.TransportError as exc:
+            return Health(ok=False, status=0, detail={"error": type(exc).__name__})
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> PrefitClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, call: Call[T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(call.method, call.path, json=call.body)
+            except httpx.TransportError as exc:
+                delay: float | None = self._retry_transport(call, exc, attempt)
+            else:
+                delay = self._retry_status(call, response, attempt)
+                if delay is None:
+                    return call.finish(response)
+            _sleep(delay or 0.0)
+            attempt += 1

@@ -1,0 +1,11 @@
+"""Wire formats prefit converts to and from its OpenAI chat form: Anthropic Messages
+(`anthropic`, built on the content-block checks of `blocks`)."""
+
+from shared.formats.anthropic import (
+    from_anthropic,
+    to_anthropic,
+    tools_from_anthropic,
+    tools_to_anthropic,
+)
+
+__all__ = ["from_anthropic", "to_anthropic", "tools_from_anthropic", "tools_to_anthropic"]
