@@ -12,23 +12,50 @@ from typing import Any
 
 from shared.errors import InvalidTranscript
 
-# Blocks with no OpenAI twin: carried through as content parts of their own type.
-OPAQUE_BLOCKS = frozenset(
+# Blocks with no OpenAI twin: carried through as content parts of their own type. Besides
+# the ones checked below, every block type of the Messages API (and its betas) as of the SDK
+# 2.x: the results of server tools sit in the assistant turn beside their server_tool_use.
+_SERVER_RESULTS = frozenset(
     {
-        "image",
-        "document",
-        "search_result",
-        "thinking",
-        "redacted_thinking",
-        "server_tool_use",
         "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "advisor_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "mcp_tool_listing",
     }
+)
+OPAQUE_BLOCKS = (
+    frozenset(
+        {
+            "image",
+            "document",
+            "search_result",
+            "thinking",
+            "redacted_thinking",
+            "server_tool_use",
+            "container_upload",
+            "compaction",
+            "fallback",
+            "tool_addition",
+            "tool_removal",
+            "tool_reference",  # these two only inside a tool_result's content
+            "browser_state",
+        }
+    )
+    | _SERVER_RESULTS
 )
 _ASSISTANT_ONLY = frozenset(
     {"tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
 )
 _USER_ONLY = frozenset({"tool_result"})
-_RESULT_CONTENT = frozenset({"text", "image", "document", "search_result"})
+_RESULT_CONTENT = frozenset(
+    {"text", "image", "document", "search_result", "tool_reference", "browser_state"}
+)
 _REQUIRED: dict[str, tuple[tuple[str, type], ...]] = {
     "text": (("text", str),),
     "image": (("source", dict),),

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pytest
+import typing_extensions
+from anthropic.types.beta import BetaContentBlockParam
+from anthropic.types.beta.beta_tool_result_block_param import Content as BetaToolResultContent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -476,3 +480,48 @@ def test_real_transcripts_reach_a_fixed_point() -> None:
         assert to_anthropic(from_anthropic(system, msgs)) == (system, msgs), path.name
         tools = tools_to_anthropic(data.get("tools", []))
         assert tools_to_anthropic(tools_from_anthropic(tools)) == tools, path.name
+
+
+def _literal_types(union: Any) -> set[str]:
+    """The `type` literals of the TypedDicts in an SDK union of block params."""
+    out: set[str] = set()
+    for cls in typing.get_args(union):
+        if not typing_extensions.is_typeddict(cls):
+            continue
+        kind = typing_extensions.get_type_hints(cls, include_extras=True)["type"]
+        while typing_extensions.get_origin(kind) is not typing.Literal:
+            kind = typing_extensions.get_args(kind)[0]
+        out.update(typing_extensions.get_args(kind))
+    return out
+
+
+_SDK_BLOCKS = sorted(
+    _literal_types(BetaContentBlockParam)
+    - {"text", "tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"}
+)
+_SDK_RESULT_PARTS = sorted(_literal_types(BetaToolResultContent) - {"text", "image", "document"})
+
+
+@pytest.mark.parametrize("kind", _SDK_BLOCKS)
+def test_every_block_type_of_the_sdk_is_carried_through_in_place(kind: str) -> None:
+    """A block type the SDK knows (server tool results, MCP, compaction, ...) converts and
+    back unchanged, in place: its transcript is fitted, not skipped as unreadable."""
+    block = {"type": kind, "id": "srvtoolu_1", "content": {"opaque": [1, 2]}}
+    user_side = kind == "container_upload"
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": [_text("go"), *([block] if user_side else [])]},
+        {"role": "assistant", "content": [_text("a"), *([] if user_side else [block]), _use("t")]},
+        {"role": "user", "content": [_result("t")]},
+    ]
+    assert to_anthropic(from_anthropic("sys", msgs)) == ("sys", msgs)
+
+
+@pytest.mark.parametrize("kind", _SDK_RESULT_PARTS)
+def test_every_tool_result_part_of_the_sdk_is_accepted(kind: str) -> None:
+    """tool_result content may hold the SDK's other part types (tool_reference, ...)."""
+    part = {"type": kind, "tool_name": "x"}
+    msgs: list[dict[str, Any]] = [
+        {"role": "assistant", "content": [_use("t")]},
+        {"role": "user", "content": [_result("t", [_text("out"), part])]},
+    ]
+    assert to_anthropic(from_anthropic(None, msgs)) == (None, msgs)
