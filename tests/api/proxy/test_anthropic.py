@@ -12,7 +12,7 @@ from shared.formats import from_anthropic, to_anthropic
 from tests.api.conftest import WINDOW
 from tests.api.helpers import user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
-from tests.fakeprovider import WORDS, Reply
+from tests.fakeprovider import WORDS, Reply, prompt_tokens
 
 ANTHROPIC_TOOLS = [
     {
@@ -125,3 +125,35 @@ def test_a_transcript_prefit_cannot_read_goes_as_it_is(proxy: Proxy) -> None:
     assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 0)"
     assert proxy.fake.received[0].body["messages"] == messages
     assert WINDOW  # the window is configured: only the transcript was unreadable
+
+
+def test_count_tokens_counts_the_prompt_prefit_would_send(proxy: Proxy) -> None:
+    """`messages.count_tokens` is fitted as `messages.create` is, then counted upstream: the
+    SDK gets the provider's count of the fitted prompt, which fits the window."""
+    system, messages = to_anthropic(agent_session(60))
+    raw = sdk(proxy).messages.with_raw_response.count_tokens(
+        model=proxy.model,
+        system=system,  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]
+        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+    )
+    assert raw.headers["x-prefit-fit"] == "applied"
+    [got] = proxy.fake.received
+    assert got.path == "/v1/messages/count_tokens"
+    assert got.headers["x-api-key"] == "sk-upstream-anthropic"
+    assert got.body["messages"][0] == {"role": "user", "content": TASK}
+    whole = {"system": system, "messages": messages, "tools": ANTHROPIC_TOOLS}
+    counted = raw.parse().input_tokens
+    assert counted == prompt_tokens("anthropic", got.body) <= WINDOW
+    assert counted < prompt_tokens("anthropic", whole)
+
+
+def test_count_tokens_of_an_unknown_model_goes_as_it_is(proxy: Proxy) -> None:
+    """No window for the model: the body is counted upstream unchanged."""
+    count = sdk(proxy).messages.count_tokens(
+        model="claude-unknown", messages=[{"role": "user", "content": "hi"}]
+    )
+    [got] = proxy.fake.received
+    assert got.body == {"model": "claude-unknown", "messages": [user("hi")]}
+    assert count.input_tokens == prompt_tokens("anthropic", got.body)
+
