@@ -157,3 +157,18 @@ def test_count_tokens_of_an_unknown_model_goes_as_it_is(proxy: Proxy) -> None:
     assert got.body == {"model": "claude-unknown", "messages": [user("hi")]}
     assert count.input_tokens == prompt_tokens("anthropic", got.body)
 
+
+def test_a_tool_call_left_unanswered_midway_is_forwarded_not_refused(proxy: Proxy) -> None:
+    """A tool_use answered by plain text (prefit's check refuses it, after conversion) sends
+    the request as it came, naming the Anthropic message; prefit answers no 400 itself."""
+    system, messages = to_anthropic(agent_session(40))
+    use = {"type": "tool_use", "id": "toolu_x", "name": "bash", "input": {}}
+    messages[1:1] = [{"role": "assistant", "content": [use]}, {"role": "user", "content": "go"}]
+    r = httpx.post(
+        f"{proxy.url}/v1/messages",
+        headers={"x-api-key": proxy.key},
+        json={"model": proxy.model, "max_tokens": 10, "system": system, "messages": messages},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 2)"
+    assert proxy.fake.received[0].body["messages"] == messages
