@@ -87,12 +87,20 @@ def validate_message(m: Any, i: int, pending: set[str] | None) -> None:
     if not isinstance(m, dict):
         raise InvalidTranscript(f"message must be an object, got {_kind(m)}", i)
     role = m.get("role")
-    if role not in ("user", "assistant"):
-        raise InvalidTranscript(f"role must be 'user' or 'assistant', got {role!r}", i)
+    if role not in ("user", "assistant", "system"):
+        raise InvalidTranscript(f"role must be 'user', 'assistant' or 'system', got {role!r}", i)
     extra = sorted(set(m) - {"role", "content"})
     if extra:
         raise InvalidTranscript(f"unknown message keys {extra} (only 'role' and 'content')", i)
     content = m.get("content")
+    if role == "system":  # a system message among the messages: text only, as `system`
+        try:
+            check_system(content)
+        except InvalidTranscript as exc:
+            raise InvalidTranscript(exc.reason, i) from None
+        if content is None:
+            raise InvalidTranscript("a system message needs 'content'", i)
+        return
     if isinstance(content, str):
         return
     if not isinstance(content, list):

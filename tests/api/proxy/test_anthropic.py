@@ -172,3 +172,22 @@ def test_a_tool_call_left_unanswered_midway_is_forwarded_not_refused(proxy: Prox
     assert r.status_code == 200, r.text
     assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 2)"
     assert proxy.fake.received[0].body["messages"] == messages
+
+
+def test_system_messages_among_the_messages_are_fitted_and_kept_in_place(proxy: Proxy) -> None:
+    """`role: system` messages (SDK 2.x) no longer make the transcript unreadable: it is
+    fitted, the leading one stays first (head) and a recent one stays where it was."""
+    system, messages = to_anthropic(agent_session(60))
+    note = {"role": "system", "content": "answer in French from now on"}
+    sent_in = [{"role": "system", "content": system}, *messages, note, user("go on")]
+    raw = sdk(proxy).messages.with_raw_response.create(
+        model=proxy.model,
+        max_tokens=100,
+        messages=sent_in,  # type: ignore[arg-type]
+    )
+    assert raw.headers["x-prefit-fit"] == "applied"
+    got = proxy.fake.received[0].body
+    assert "system" not in got
+    assert got["messages"][:2] == sent_in[:2]
+    assert got["messages"][-2:] == [note, user("go on")]
+    assert sent_fits(from_anthropic(None, got["messages"]), [])

@@ -159,7 +159,8 @@ def test_previous_message_lets_a_batch_open_with_tool_results() -> None:
     ("messages", "index", "fragment"),
     [
         ([{"role": "user", "content": [{"type": "video"}]}], 0, "unknown block type"),
-        ([{"role": "system", "content": "x"}], 0, "role"),
+        ([{"role": "developer", "content": "x"}], 0, "role"),
+        ([{"role": "system", "content": [{"type": "image"}]}], 0, "text block"),
         ([{"role": "user", "content": "x", "name": "bob"}], 0, "unknown message keys"),
         ([{"role": "user", "content": 3}], 0, "'content'"),
         ([{"role": "user", "content": [_use("a")]}], 0, "cannot be in a user"),
@@ -525,3 +526,23 @@ def test_every_tool_result_part_of_the_sdk_is_accepted(kind: str) -> None:
         {"role": "user", "content": [_result("t", [_text("out"), part])]},
     ]
     assert to_anthropic(from_anthropic(None, msgs)) == (None, msgs)
+
+
+def test_system_messages_among_the_messages_stay_there_in_place() -> None:
+    """`role: system` messages (SDK 2.x) convert to OpenAI system messages and back to the
+    same place among the messages, never merged into the `system` parameter."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": [_text("rules", cache_control=EPHEMERAL)]},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": [_use("a")]},
+        {"role": "user", "content": [_result("a")]},
+        {"role": "system", "content": "from now on, be brief"},
+        {"role": "user", "content": "go on"},
+    ]
+    for system in (None, "top"):
+        converted = from_anthropic(system, msgs)
+        assert [m["role"] for m in converted][-3:] == ["tool", "system", "user"]
+        assert to_anthropic(converted) == (system, msgs)
+    with pytest.raises(InvalidTranscript) as err:  # a system message cuts a tool pair
+        from_anthropic(None, [msgs[2], msgs[4], msgs[3]])
+    assert err.value.index == 2
