@@ -38,7 +38,6 @@ from shared.messages import HEAD_ROLES, Message, ToolSpec, validate
 __all__ = ["from_anthropic", "to_anthropic", "tools_from_anthropic", "tools_to_anthropic"]
 
 System = str | list[dict[str, Any]] | None
-IN_MESSAGES = {"in_messages": True}
 
 
 # --- Anthropic -> OpenAI ---------------------------------------------------------------------
@@ -64,7 +63,8 @@ def from_anthropic(
             pending = _call_ids(converted)
             out.append(converted)
         elif m["role"] == "system":
-            out.append({"role": "system", "content": m["content"], "anthropic": IN_MESSAGES})
+            marks = {"in_messages": True}
+            out.append({"role": "system", "content": m["content"], "anthropic": marks})
             pending = None
         else:
             out.extend(_user(m["content"]))
