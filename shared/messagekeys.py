@@ -8,8 +8,9 @@ over its text (no JSON is built on the hot path).
 
 Key shapes: `(role, content)` for the common plain message; otherwise `(role, content,
 name, tool_call_id, calls)` with `content` a str, None or a tuple of `(type, text | None)`
-parts and `calls` None or a tuple of `(name, arguments_json)`. A 1-tuple `(text,)` keys a
-bare text (the tool specs' JSON).
+parts (a non-text part's text is None, or the text it carries in the clear: a thinking
+block's, a plain-text document's) and `calls` None or a tuple of `(name, arguments_json)`.
+A 1-tuple `(text,)` keys a bare text (the tool specs' JSON).
 """
 
 from __future__ import annotations
@@ -116,12 +117,30 @@ def _parts_key(content: Any) -> tuple[tuple[str, str | None], ...]:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidTranscript(f"content part {k} must be an object with a string 'type'")
         if part["type"] != "text":
-            out.append((part["type"], None))
+            out.append((part["type"], _readable(part)))
         elif isinstance(part.get("text"), str):
             out.append(("text", part["text"]))
         else:
             raise InvalidTranscript(f"content part {k} of type 'text' needs a string 'text'")
     return tuple(out)
+
+
+def _readable(part: dict[str, Any]) -> str | None:
+    """The text a non-text part carries in the clear, counted as text: an Anthropic thinking
+    block's reasoning, a plain-text document; None for the rest (counted flat)."""
+    kind = part["type"]
+    if kind == "thinking":
+        text = part.get("thinking")
+    elif kind == "document":
+        source = part.get("source")
+        text = (
+            source.get("data")
+            if isinstance(source, dict) and source.get("type") == "text"
+            else None
+        )
+    else:
+        return None
+    return text if isinstance(text, str) else None
 
 
 def _checked_calls(calls: Any) -> tuple[tuple[str, str], ...] | None:

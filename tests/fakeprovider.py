@@ -56,6 +56,7 @@ class Received:
     headers: Mapping[str, str]
     body: dict[str, Any]
     status: int
+    path: str = ""
 
 
 def prompt_tokens(protocol: str, body: Mapping[str, Any], scale: float = 1.0) -> int:
@@ -95,6 +96,8 @@ class FakeProvider:
             routes=[
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),
                 Route("/v1/messages", self._anthropic, methods=["POST"]),
+                Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
             ]
         )
 
@@ -114,6 +117,41 @@ class FakeProvider:
     async def _anthropic(self, request: Request) -> Response:
         return await self._handle("anthropic", request)
 
+    async def _count(self, request: Request) -> Response:
+        """Anthropic's token count: the fake's count of the prompt, or the next scripted error."""
+        body = json.loads(await request.body())
+        with self._lock:
+            reply = self._script.pop(0) if self._script else None
+            status = reply.status if reply is not None else 200
+            self._received.append(
+                Received("anthropic", dict(request.headers), body, status, request.url.path)
+            )
+        if reply is not None and reply.status >= 300:
+            payload = _error("anthropic", reply, 0)
+            return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
+        return JSONResponse({"input_tokens": prompt_tokens("anthropic", body, self.scale)})
+
+    async def _models(self, request: Request) -> Response:
+        """A one-model list, in Anthropic's shape when `anthropic-version` is sent."""
+        anthropic = "anthropic-version" in request.headers
+        with self._lock:
+            self._received.append(
+                Received(
+                    "anthropic" if anthropic else "openai",
+                    dict(request.headers),
+                    dict(request.query_params),
+                    200,
+                    request.url.path,
+                )
+            )
+        if anthropic:
+            model = {"type": "model", "id": "fake-1", "display_name": "Fake"}
+            model["created_at"] = "2025-01-01T00:00:00Z"
+            listed = {"data": [model], "has_more": False, "first_id": "fake-1", "last_id": "fake-1"}
+            return JSONResponse(listed)
+        model = {"id": "fake-1", "object": "model", "created": 0, "owned_by": "fake"}
+        return JSONResponse({"object": "list", "data": [model]})
+
     async def _handle(self, protocol: str, request: Request) -> Response:
         body = json.loads(await request.body())
         tokens = prompt_tokens(protocol, body, self.scale)
@@ -124,7 +162,9 @@ class FakeProvider:
         status = reply.status if reply is not None else 200
         if self.record:
             with self._lock:
-                self._received.append(Received(protocol, dict(request.headers), body, status))
+                self._received.append(
+                    Received(protocol, dict(request.headers), body, status, request.url.path)
+                )
         if reply is not None and reply.status >= 300:
             payload = _error(protocol, reply, tokens)
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))

@@ -17,6 +17,7 @@ from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
+from shared.formats.blocks import user_blocks
 from shared.messages import Message, ToolSpec
 
 API_VERSION = "2023-06-01"  # sent when the client names none
@@ -37,6 +38,24 @@ def prompt_of(usage: Any) -> int | None:
     if not isinstance(usage, dict) or not isinstance(usage.get("input_tokens"), int):
         return None
     return sum(v for v in (usage.get(f) for f in USAGE_FIELDS) if isinstance(v, int))
+
+
+def source_index(system: Any, given: list[Any], index: int | None) -> int | None:
+    """The index of the Anthropic message that converted message `index` came from (each
+    user turn of tool results becomes a tool message per result, then its other blocks)."""
+    left = -1 if index is None else index - (system is not None)
+    if left < 0:  # no index, or the system prompt's
+        return None
+    for i, m in enumerate(given):
+        content = m["content"]
+        if m["role"] == "assistant" or isinstance(content, str):
+            left -= 1
+        else:
+            results, rest = user_blocks(content)
+            left -= len(results) + (1 if rest or not results else 0)
+        if left < 0:
+            return i
+    return None
 
 
 class StartTap:
@@ -63,10 +82,16 @@ class AnthropicDialect:
     def transcript(
         self, body: Mapping[str, Any], check: Callable[[Any], list[Message]]
     ) -> tuple[list[Message], list[ToolSpec]]:
-        given = body.get("messages")  # validated as converted: `check` is for OpenAI's format
+        given = body.get("messages")
         if not isinstance(given, list):
             raise InvalidTranscript("'messages' must be a list")
-        messages = from_anthropic(body.get("system"), given)
+        system = body.get("system")
+        messages = from_anthropic(system, given)
+        try:  # what converts may still break prefit's own rules (a call left unanswered)
+            messages = check(messages)
+        except InvalidTranscript as exc:
+            at = source_index(system, given, exc.index)
+            raise InvalidTranscript(exc.reason, at) from None
         tools = body.get("tools")
         return messages, list(tools) if isinstance(tools, list) else []
 

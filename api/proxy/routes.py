@@ -1,6 +1,7 @@
-"""The proxy's two routes: `POST /v1/chat/completions` and `POST /v1/messages`.
+"""The proxy's routes: `POST /v1/chat/completions`, `POST /v1/messages` (and its
+`/count_tokens`, api/proxy/forward.py), and `GET /v1/models`.
 
-Both take the provider's own request body and answer the provider's own response, so they
+They take the provider's own request body and answer the provider's own response, so they
 stay out of prefit's OpenAPI schema (docs/api.md, "Drop-in proxy", documents them). Errors
 of prefit itself (no or a wrong key, a body that is not a JSON object, a bad conversation
 header) are shaped as the provider shapes its errors, so the SDKs raise their usual types.
@@ -8,6 +9,7 @@ header) are shaped as the provider shapes its errors, so the SDKs raise their us
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -20,9 +22,10 @@ from api.proxy.anthropic import AnthropicDialect
 from api.proxy.caller import identify
 from api.proxy.codec import loads
 from api.proxy.dialect import Dialect
+from api.proxy.forward import CountRelay, models
 from api.proxy.openai import OpenAIDialect
 from api.proxy.relay import Relay
-from shared.errors import InvalidRequest, PrefitError
+from shared.errors import InvalidRequest, NotFound, PrefitError
 
 OPENAI_DIALECT = OpenAIDialect()
 ANTHROPIC_DIALECT = AnthropicDialect()
@@ -42,7 +45,45 @@ async def messages(request: Request) -> Response:
     return await proxy(request, ANTHROPIC_DIALECT)
 
 
-async def proxy(request: Request, dialect: Dialect) -> Response:
+@router.post("/v1/messages/count_tokens", include_in_schema=False)
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's token count of the prompt as prefit would send it (fitted, then counted)."""
+    return await proxy(request, ANTHROPIC_DIALECT, CountRelay)
+
+
+@router.api_route(
+    "/v1/messages/{rest:path}",
+    methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    include_in_schema=False,
+)
+async def messages_other(request: Request, rest: str) -> Response:
+    """Anything else under `/v1/messages` (message batches, ...): an Anthropic 404."""
+    message = (
+        f"prefit's proxy does not serve /v1/messages/{rest}: it serves POST /v1/messages and "
+        "POST /v1/messages/count_tokens (send message batches to the provider directly)"
+    )
+    return _refused(request, ANTHROPIC_DIALECT, NotFound(message))
+
+
+@router.get("/v1/models", include_in_schema=False)
+@router.get("/v1/models/{model_id:path}", include_in_schema=False)
+async def list_models(request: Request) -> Response:
+    """The provider's model list (Anthropic's when `anthropic-version` is sent, else OpenAI's)."""
+    anthropic = "anthropic-version" in request.headers
+    dialect: Dialect = ANTHROPIC_DIALECT if anthropic else OPENAI_DIALECT
+    svc: Services = request.app.state.services
+    try:
+        caller = identify(request.headers, svc.keyring, svc.settings)
+    except PrefitError as exc:
+        return _refused(request, dialect, exc)
+    request_log(request).tenant = caller.tenant
+    path = request.url.path.removeprefix("/v1")
+    return await models(svc, dialect, caller, path, request.headers, request.url.query)
+
+
+async def proxy(
+    request: Request, dialect: Dialect, relay_type: Callable[..., Relay] = Relay
+) -> Response:
     """Authenticate, read the body, and relay it (prefit's own errors in `dialect`'s shape)."""
     svc: Services = request.app.state.services
     rec = request_log(request)
@@ -50,14 +91,19 @@ async def proxy(request: Request, dialect: Dialect) -> Response:
         caller = identify(request.headers, svc.keyring, svc.settings)
         rec.tenant = caller.tenant
         raw = await request.body()
-        relay = Relay(svc, dialect, caller, _object(raw), raw, request.headers, rec)
+        relay = relay_type(svc, dialect, caller, _object(raw), raw, request.headers, rec)
         return await relay.run()
     except PrefitError as exc:
-        rec.error = type(exc).__name__
-        status = status_of(exc)
-        status = 400 if status == 422 else status  # providers answer bad requests with 400
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
-        return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
+        return _refused(request, dialect, exc)
+
+
+def _refused(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
+    """prefit's own error `exc`, in `dialect`'s error shape."""
+    request_log(request).error = type(exc).__name__
+    status = status_of(exc)
+    status = 400 if status == 422 else status  # providers answer bad requests with 400
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
+    return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
 def _object(raw: bytes) -> dict[str, Any]:

@@ -10,7 +10,9 @@ either as a content part of its own type (images, documents, thinking) or under 
   `cache_control`, ...); `no_content`: that block had no `content` at all;
 - `continues`: this user message holds the blocks that followed the tool results of the same
   Anthropic user turn (OpenAI needs them as a separate message after the tool messages);
-- `tool_use_at`: where the `tool_use` blocks sat among an assistant's blocks, when not last.
+- `tool_use_at`: where the `tool_use` blocks sat among an assistant's blocks, when not last;
+- `in_messages`: this system message was one of the messages (`role: system`, as SDK 2.x
+  allows), not the `system` parameter, and goes back there, in place.
 
 Tool calls and tool specs keep their extra keys (`cache_control`, ...) under `"anthropic"` too.
 Strategies may rewrite tool message content afterwards: the markers only add what the current
@@ -60,6 +62,10 @@ def from_anthropic(
             converted = _assistant(m["content"])
             pending = _call_ids(converted)
             out.append(converted)
+        elif m["role"] == "system":
+            marks = {"in_messages": True}
+            out.append({"role": "system", "content": m["content"], "anthropic": marks})
+            pending = None
         else:
             out.extend(_user(m["content"]))
             pending = None
@@ -139,31 +145,42 @@ def _extra(block: dict[str, Any], consumed: set[str]) -> dict[str, Any]:
 def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, Any]]]:
     """The Anthropic `(system, messages)` for OpenAI-format messages.
 
-    Leading system/developer messages become `system`; a run of tool messages becomes one user
-    turn of `tool_result` blocks. Raises `InvalidTranscript` for what Anthropic cannot express
-    (a system message after the start, tool arguments that are not a JSON object).
+    Leading system/developer messages become `system` (those marked `in_messages` stay
+    messages, in place); a run of tool messages becomes one user turn of `tool_result`
+    blocks. Raises `InvalidTranscript` for what Anthropic cannot express (an unmarked system
+    message after the start, tool arguments that are not a JSON object).
     """
     msgs = validate(messages)
     start = 0
-    while start < len(msgs) and msgs[start]["role"] in HEAD_ROLES:
+    while start < len(msgs) and _is_parameter(msgs[start]):
         start += 1
     system = _system(msgs[:start])
     out: list[dict[str, Any]] = []
     i = start
     while i < len(msgs):
-        m = msgs[i]
-        role = m["role"]
-        if role in HEAD_ROLES:
-            raise InvalidTranscript(f"a {role} message after the start has no Anthropic form", i)
-        if role == "tool":
+        if msgs[i]["role"] == "tool":
             i = _tool_turn(msgs, i, out)
             continue
-        if role == "assistant":
-            out.append({"role": "assistant", "content": _assistant_content(m, i)})
-        else:
-            out.append({"role": "user", "content": _content(m["content"], i)})
+        out.append(_message(msgs[i], i))
         i += 1
     return system, out
+
+
+def _message(m: Message, i: int) -> dict[str, Any]:
+    role = m["role"]
+    if role in HEAD_ROLES:
+        if not _marks(m).get("in_messages"):
+            raise InvalidTranscript(f"a {role} message after the start has no Anthropic form", i)
+        return {"role": "system", "content": _content(m["content"], i)}
+    if role == "assistant":
+        return {"role": "assistant", "content": _assistant_content(m, i)}
+    return {"role": "user", "content": _content(m["content"], i)}
+
+
+def _is_parameter(m: Message) -> bool:
+    """Whether `m` is (part of) the `system` parameter: a leading system/developer message
+    that did not come from among the Anthropic messages."""
+    return m["role"] in HEAD_ROLES and not _marks(m).get("in_messages")
 
 
 def _system(head: Sequence[Message]) -> System:

@@ -12,23 +12,50 @@ from typing import Any
 
 from shared.errors import InvalidTranscript
 
-# Blocks with no OpenAI twin: carried through as content parts of their own type.
-OPAQUE_BLOCKS = frozenset(
+# Blocks with no OpenAI twin: carried through as content parts of their own type. Besides
+# the ones checked below, every block type of the Messages API (and its betas) as of the SDK
+# 2.x: the results of server tools sit in the assistant turn beside their server_tool_use.
+_SERVER_RESULTS = frozenset(
     {
-        "image",
-        "document",
-        "search_result",
-        "thinking",
-        "redacted_thinking",
-        "server_tool_use",
         "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "advisor_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "mcp_tool_listing",
     }
+)
+OPAQUE_BLOCKS = (
+    frozenset(
+        {
+            "image",
+            "document",
+            "search_result",
+            "thinking",
+            "redacted_thinking",
+            "server_tool_use",
+            "container_upload",
+            "compaction",
+            "fallback",
+            "tool_addition",
+            "tool_removal",
+            "tool_reference",  # these two only inside a tool_result's content
+            "browser_state",
+        }
+    )
+    | _SERVER_RESULTS
 )
 _ASSISTANT_ONLY = frozenset(
     {"tool_use", "thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result"}
 )
 _USER_ONLY = frozenset({"tool_result"})
-_RESULT_CONTENT = frozenset({"text", "image", "document", "search_result"})
+_RESULT_CONTENT = frozenset(
+    {"text", "image", "document", "search_result", "tool_reference", "browser_state"}
+)
 _REQUIRED: dict[str, tuple[tuple[str, type], ...]] = {
     "text": (("text", str),),
     "image": (("source", dict),),
@@ -60,12 +87,20 @@ def validate_message(m: Any, i: int, pending: set[str] | None) -> None:
     if not isinstance(m, dict):
         raise InvalidTranscript(f"message must be an object, got {_kind(m)}", i)
     role = m.get("role")
-    if role not in ("user", "assistant"):
-        raise InvalidTranscript(f"role must be 'user' or 'assistant', got {role!r}", i)
+    if role not in ("user", "assistant", "system"):
+        raise InvalidTranscript(f"role must be 'user', 'assistant' or 'system', got {role!r}", i)
     extra = sorted(set(m) - {"role", "content"})
     if extra:
         raise InvalidTranscript(f"unknown message keys {extra} (only 'role' and 'content')", i)
     content = m.get("content")
+    if role == "system":  # a system message among the messages: text only, as `system`
+        try:
+            check_system(content)
+        except InvalidTranscript as exc:
+            raise InvalidTranscript(exc.reason, i) from None
+        if content is None:
+            raise InvalidTranscript("a system message needs 'content'", i)
+        return
     if isinstance(content, str):
         return
     if not isinstance(content, list):

@@ -95,6 +95,20 @@ def test_heuristic_content_parts() -> None:
     assert counter.count_message({"role": "user", "content": None}) == 4
 
 
+def test_thinking_and_plain_text_documents_count_by_their_text() -> None:
+    """An Anthropic thinking block counts its reasoning (not its signature), a plain-text
+    document its data, not the flat part cost; a redacted thinking or a PDF stays flat."""
+    counter = HeuristicCounter(chars_per_token=1.0, per_message=0)
+    thought = {"type": "thinking", "thinking": "t" * 100, "signature": "s" * 5000}
+    text_doc = {"type": "document", "source": {"type": "text", "data": "d" * 50}}
+    pdf = {"type": "document", "source": {"type": "base64", "data": "p" * 50}}
+    redacted = {"type": "redacted_thinking", "data": "r" * 50}
+    assert counter.count_message({"role": "assistant", "content": [thought]}) == 9 + 100
+    assert counter.count_message({"role": "user", "content": [text_doc]}) == 4 + 50
+    flat = {"role": "user", "content": [pdf, redacted]}
+    assert counter.count_message(flat) == 4 + 2 * NON_TEXT_PART_TOKENS
+
+
 def test_heuristic_tool_specs_by_json_length() -> None:
     """Tool specs count ceil(len(canonical JSON) / chars_per_token); no tools count 0."""
     counter = HeuristicCounter()

@@ -12,7 +12,7 @@ from shared.formats import from_anthropic, to_anthropic
 from tests.api.conftest import WINDOW
 from tests.api.helpers import user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
-from tests.fakeprovider import WORDS, Reply
+from tests.fakeprovider import WORDS, Reply, prompt_tokens
 
 ANTHROPIC_TOOLS = [
     {
@@ -125,3 +125,69 @@ def test_a_transcript_prefit_cannot_read_goes_as_it_is(proxy: Proxy) -> None:
     assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 0)"
     assert proxy.fake.received[0].body["messages"] == messages
     assert WINDOW  # the window is configured: only the transcript was unreadable
+
+
+def test_count_tokens_counts_the_prompt_prefit_would_send(proxy: Proxy) -> None:
+    """`messages.count_tokens` is fitted as `messages.create` is, then counted upstream: the
+    SDK gets the provider's count of the fitted prompt, which fits the window."""
+    system, messages = to_anthropic(agent_session(60))
+    raw = sdk(proxy).messages.with_raw_response.count_tokens(
+        model=proxy.model,
+        system=system,  # type: ignore[arg-type]
+        messages=messages,  # type: ignore[arg-type]
+        tools=ANTHROPIC_TOOLS,  # type: ignore[arg-type]
+    )
+    assert raw.headers["x-prefit-fit"] == "applied"
+    [got] = proxy.fake.received
+    assert got.path == "/v1/messages/count_tokens"
+    assert got.headers["x-api-key"] == "sk-upstream-anthropic"
+    assert got.body["messages"][0] == {"role": "user", "content": TASK}
+    whole = {"system": system, "messages": messages, "tools": ANTHROPIC_TOOLS}
+    counted = raw.parse().input_tokens
+    assert counted == prompt_tokens("anthropic", got.body) <= WINDOW
+    assert counted < prompt_tokens("anthropic", whole)
+
+
+def test_count_tokens_of_an_unknown_model_goes_as_it_is(proxy: Proxy) -> None:
+    """No window for the model: the body is counted upstream unchanged."""
+    count = sdk(proxy).messages.count_tokens(
+        model="claude-unknown", messages=[{"role": "user", "content": "hi"}]
+    )
+    [got] = proxy.fake.received
+    assert got.body == {"model": "claude-unknown", "messages": [user("hi")]}
+    assert count.input_tokens == prompt_tokens("anthropic", got.body)
+
+
+def test_a_tool_call_left_unanswered_midway_is_forwarded_not_refused(proxy: Proxy) -> None:
+    """A tool_use answered by plain text (prefit's check refuses it, after conversion) sends
+    the request as it came, naming the Anthropic message; prefit answers no 400 itself."""
+    system, messages = to_anthropic(agent_session(40))
+    use = {"type": "tool_use", "id": "toolu_x", "name": "bash", "input": {}}
+    messages[1:1] = [{"role": "assistant", "content": [use]}, {"role": "user", "content": "go"}]
+    r = httpx.post(
+        f"{proxy.url}/v1/messages",
+        headers={"x-api-key": proxy.key},
+        json={"model": proxy.model, "max_tokens": 10, "system": system, "messages": messages},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 2)"
+    assert proxy.fake.received[0].body["messages"] == messages
+
+
+def test_system_messages_among_the_messages_are_fitted_and_kept_in_place(proxy: Proxy) -> None:
+    """`role: system` messages (SDK 2.x) no longer make the transcript unreadable: it is
+    fitted, the leading one stays first (head) and a recent one stays where it was."""
+    system, messages = to_anthropic(agent_session(60))
+    note = {"role": "system", "content": "answer in French from now on"}
+    sent_in = [{"role": "system", "content": system}, *messages, note, user("go on")]
+    raw = sdk(proxy).messages.with_raw_response.create(
+        model=proxy.model,
+        max_tokens=100,
+        messages=sent_in,  # type: ignore[arg-type]
+    )
+    assert raw.headers["x-prefit-fit"] == "applied"
+    got = proxy.fake.received[0].body
+    assert "system" not in got
+    assert got["messages"][:2] == sent_in[:2]
+    assert got["messages"][-2:] == [note, user("go on")]
+    assert sent_fits(from_anthropic(None, got["messages"]), [])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from api.auth import KeyRing
-from api.proxy.anthropic import AnthropicDialect, StartTap
+from api.proxy.anthropic import AnthropicDialect, StartTap, source_index
 from api.proxy.caller import identify
 from api.proxy.codec import dumps, loads
 from api.proxy.identity import conversation_id, derived_id
@@ -166,3 +166,20 @@ def test_bodies_are_read_exactly_even_where_orjson_would_round() -> None:
     assert loads(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
     with pytest.raises(ValueError):
         loads(b"{not json")
+
+
+def test_source_index_maps_a_converted_message_to_its_anthropic_message() -> None:
+    """A user turn of two tool results and a text converts to three messages; the index of
+    each maps back to that one turn, and what follows to its own message."""
+    use = [{"type": "tool_use", "id": i, "name": "f", "input": {}} for i in ("a", "b")]
+    results = [{"type": "tool_result", "tool_use_id": i} for i in ("a", "b")]
+    given = [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": use},
+        {"role": "user", "content": [*results, {"type": "text", "text": "more"}]},
+        {"role": "assistant", "content": "done"},
+    ]
+    found = [source_index("sys", given, k) for k in range(7)]
+    assert found == [None, 0, 1, 2, 2, 2, 3]
+    assert source_index(None, given, 5) == 3
+    assert source_index(None, given, None) is None

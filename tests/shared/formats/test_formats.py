@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import pytest
+import typing_extensions
+from anthropic.types.beta import BetaContentBlockParam
+from anthropic.types.beta.beta_tool_result_block_param import Content as BetaToolResultContent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,7 +159,8 @@ def test_previous_message_lets_a_batch_open_with_tool_results() -> None:
     ("messages", "index", "fragment"),
     [
         ([{"role": "user", "content": [{"type": "video"}]}], 0, "unknown block type"),
-        ([{"role": "system", "content": "x"}], 0, "role"),
+        ([{"role": "developer", "content": "x"}], 0, "role"),
+        ([{"role": "system", "content": [{"type": "image"}]}], 0, "text block"),
         ([{"role": "user", "content": "x", "name": "bob"}], 0, "unknown message keys"),
         ([{"role": "user", "content": 3}], 0, "'content'"),
         ([{"role": "user", "content": [_use("a")]}], 0, "cannot be in a user"),
@@ -476,3 +481,68 @@ def test_real_transcripts_reach_a_fixed_point() -> None:
         assert to_anthropic(from_anthropic(system, msgs)) == (system, msgs), path.name
         tools = tools_to_anthropic(data.get("tools", []))
         assert tools_to_anthropic(tools_from_anthropic(tools)) == tools, path.name
+
+
+def _literal_types(union: Any) -> set[str]:
+    """The `type` literals of the TypedDicts in an SDK union of block params."""
+    out: set[str] = set()
+    for cls in typing.get_args(union):
+        if not typing_extensions.is_typeddict(cls):
+            continue
+        kind = typing_extensions.get_type_hints(cls, include_extras=True)["type"]
+        while typing_extensions.get_origin(kind) is not typing.Literal:
+            kind = typing_extensions.get_args(kind)[0]
+        out.update(typing_extensions.get_args(kind))
+    return out
+
+
+_SDK_BLOCKS = sorted(
+    _literal_types(BetaContentBlockParam)
+    - {"text", "tool_use", "tool_result", "image", "document", "thinking", "redacted_thinking"}
+)
+_SDK_RESULT_PARTS = sorted(_literal_types(BetaToolResultContent) - {"text", "image", "document"})
+
+
+@pytest.mark.parametrize("kind", _SDK_BLOCKS)
+def test_every_block_type_of_the_sdk_is_carried_through_in_place(kind: str) -> None:
+    """A block type the SDK knows (server tool results, MCP, compaction, ...) converts and
+    back unchanged, in place: its transcript is fitted, not skipped as unreadable."""
+    block = {"type": kind, "id": "srvtoolu_1", "content": {"opaque": [1, 2]}}
+    user_side = kind == "container_upload"
+    msgs: list[dict[str, Any]] = [
+        {"role": "user", "content": [_text("go"), *([block] if user_side else [])]},
+        {"role": "assistant", "content": [_text("a"), *([] if user_side else [block]), _use("t")]},
+        {"role": "user", "content": [_result("t")]},
+    ]
+    assert to_anthropic(from_anthropic("sys", msgs)) == ("sys", msgs)
+
+
+@pytest.mark.parametrize("kind", _SDK_RESULT_PARTS)
+def test_every_tool_result_part_of_the_sdk_is_accepted(kind: str) -> None:
+    """tool_result content may hold the SDK's other part types (tool_reference, ...)."""
+    part = {"type": kind, "tool_name": "x"}
+    msgs: list[dict[str, Any]] = [
+        {"role": "assistant", "content": [_use("t")]},
+        {"role": "user", "content": [_result("t", [_text("out"), part])]},
+    ]
+    assert to_anthropic(from_anthropic(None, msgs)) == (None, msgs)
+
+
+def test_system_messages_among_the_messages_stay_there_in_place() -> None:
+    """`role: system` messages (SDK 2.x) convert to OpenAI system messages and back to the
+    same place among the messages, never merged into the `system` parameter."""
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": [_text("rules", cache_control=EPHEMERAL)]},
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": [_use("a")]},
+        {"role": "user", "content": [_result("a")]},
+        {"role": "system", "content": "from now on, be brief"},
+        {"role": "user", "content": "go on"},
+    ]
+    for system in (None, "top"):
+        converted = from_anthropic(system, msgs)
+        assert [m["role"] for m in converted][-3:] == ["tool", "system", "user"]
+        assert to_anthropic(converted) == (system, msgs)
+    with pytest.raises(InvalidTranscript) as err:  # a system message cuts a tool pair
+        from_anthropic(None, [msgs[2], msgs[4], msgs[3]])
+    assert err.value.index == 2
