@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from shared.errors import InvalidTranscript
+from shared.errors import InvalidRequest, InvalidTranscript
 
 Message: TypeAlias = dict[str, Any]
 ToolSpec: TypeAlias = dict[str, Any]
@@ -23,16 +23,23 @@ _PLAIN = frozenset({"system", "developer", "user", "assistant"})
 
 
 def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
-    """Half-open index ranges of atomic turn groups from `start`."""
+    """Half-open index ranges of atomic turn groups from `start`; `InvalidTranscript` when a
+    message is not an object."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InvalidRequest(f"start must be an integer >= 0, got {start!r}")
     out: list[tuple[int, int]] = []
     i, n = start, len(msgs)
-    while i < n:
-        j = i + 1
-        if msgs[i].get("role") == "assistant" and msgs[i].get("tool_calls"):
-            while j < n and msgs[j].get("role") == "tool":
-                j += 1
-        out.append((i, j))
-        i = j
+    try:
+        while i < n:
+            j = i + 1
+            if msgs[i].get("role") == "assistant" and msgs[i].get("tool_calls"):
+                while j < n and msgs[j].get("role") == "tool":
+                    j += 1
+            out.append((i, j))
+            i = j
+    except AttributeError:
+        bad = next(k for k in range(start, n) if not isinstance(msgs[k], dict))
+        raise InvalidTranscript(f"message must be an object, got {_kind(msgs[bad])}", bad) from None
     return out
 
 

@@ -16,7 +16,7 @@ from shared.errors import ConfigError, UnknownModel
 from shared.head import Head, head_of
 from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
-from shared.messages import Message, ToolSpec, groups, tail_start
+from shared.messages import Message, ToolSpec, groups, tail_start, validate
 from shared.planning import SummaryPlan, plan_summary
 from shared.reports import does_not_fit, new_report, outcome
 from shared.serving import from_book, with_best
@@ -306,7 +306,12 @@ class ContextPolicy:
         tools: Sequence[ToolSpec],
         actual_prompt_tokens: int,
     ) -> None:
-        """Calibrate on a real response (only a `CalibratedCounter` learns from it)."""
+        """Calibrate on a real response (only a `CalibratedCounter` learns from it).
+
+        `sent` must be a valid, non-empty transcript (`InvalidTranscript` otherwise): the
+        ratio of a request with no messages says nothing about how messages are counted.
+        """
+        sent = validate(sent)
         if isinstance(self.counter, CalibratedCounter):
             estimated = self.counter.base.count(sent, tools, model)
             self.counter.observe(model, estimated, actual_prompt_tokens)

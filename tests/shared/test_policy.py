@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.calibration import ScaledCounter
-from shared.counters import HeuristicCounter
+from shared.calibration import CalibratedCounter, ScaledCounter
+from shared.counters import HeuristicCounter, TiktokenCounter
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
 from shared.hashing import prefix_hashes
 from shared.llm import Completion
@@ -412,3 +413,13 @@ def test_a_recounted_policy_prepares_as_a_new_one_would() -> None:
             fresh = run(ContextPolicy(12_000, counter=counter).prepare(msgs[:n], **kw))
             assert (got.messages, got.report) == (fresh.messages, fresh.report)
     assert kept.counter is COUNTER
+
+
+def test_observe_refuses_what_was_not_a_request(tiktoken_dir: Path) -> None:
+    """An empty or malformed `sent` is refused (typed) and leaves the ratio alone: a counter
+    with per-request priming would otherwise read a request of no messages as 3x off."""
+    policy = ContextPolicy(8000, counter=CalibratedCounter(TiktokenCounter(directory=tiktoken_dir)))
+    for sent in ([], None, "hello", [{"role": "user", "content": 5}]):
+        with pytest.raises(InvalidTranscript):
+            policy.observe("m", sent, [], 100)  # type: ignore[arg-type]
+    assert policy.counter.ratio("m") == 1.0  # type: ignore[attr-defined]
