@@ -12,7 +12,7 @@ from shared.calibration import CalibratedCounter, ScaledCounter
 from shared.counters import HeuristicCounter
 from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.cut import Shortcut, can_decide, default_steps
-from shared.errors import ConfigError, UnknownModel
+from shared.errors import ConfigError, DoesNotFit, UnknownModel
 from shared.head import Head, head_of
 from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
@@ -249,11 +249,23 @@ class ContextPolicy:
             )
             if kept is not None:
                 return Prepared(kept, report)
-        work = await self.cut(
-            messages, tools=tools, model=model, book=book, pressure=pressure, sizes=sizes,
-            hashes=hashes, due=due,
+        cut = partial(
+            self.cut, messages, tools=tools, model=model, book=book, pressure=pressure,
+            sizes=sizes, hashes=hashes, due=due,
         )  # fmt: skip
-        return self._fitted(work, report)
+        work = await cut()
+        try:
+            return self._fitted(work, report)
+        except DoesNotFit:
+            if work.summary is None:
+                raise
+        # a summary that cannot be cut made it impossible (a record written for a larger
+        # window): the turns it stands for can still be cleared and dropped without it
+        prepared = self._fitted(await cut(summaries=False), report)
+        prepared.new_summaries[:0] = work.new_summaries
+        prepared.tokens_spent += work.tokens_spent
+        prepared.cost += work.cost
+        return prepared
 
     async def cut(
         self,
@@ -266,11 +278,13 @@ class ContextPolicy:
         sizes: SizeMemo | None = None,
         hashes: Sequence[str] | None = None,
         due: Callable[[], bool] | None = None,
+        summaries: bool = True,
     ) -> Work:
         """Run the strategies on a validated transcript; `prepare` checks the result fits.
 
         `due` answers whether the workers could write a newer record (for `stale`); by
-        default `summary_due` on this transcript and book.
+        default `summary_due` on this transcript and book. `summaries=False` skips the
+        `Summarize` steps.
         """
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
@@ -282,6 +296,8 @@ class ContextPolicy:
         if hashes is not None:
             work.use_hashes(hashes)
         for strategy in self.strategies:
+            if not summaries and isinstance(strategy, Summarize):
+                continue
             await strategy.apply(work)
             if work.fits_target():
                 break

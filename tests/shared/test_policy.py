@@ -423,3 +423,31 @@ def test_observe_refuses_what_was_not_a_request(tiktoken_dir: Path) -> None:
         with pytest.raises(InvalidTranscript):
             policy.observe("m", sent, [], 100)  # type: ignore[arg-type]
     assert policy.counter.ratio("m") == 1.0  # type: ignore[attr-defined]
+
+
+class WordySummarizer(CountingSummarizer):
+    """A summarizer whose summaries are far over `max_tokens`."""
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        await super().summarize(previous, messages, max_tokens=max_tokens)
+        return Completion(text="word " * 3000, input_tokens=10, output_tokens=5, cost=0.01)
+
+
+def test_a_summary_too_big_for_the_window_is_left_out() -> None:
+    """A record (or an inline summary) bigger than the cut-able rest of a small window does
+    not make prepare refuse what fits without it: the turns are cut without the summary, and
+    a summary paid for is still handed back."""
+    msgs = chat(40)
+    upto = 2 + 3 * 20
+    record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "word " * 2000)
+    policy = ContextPolicy(4_000, counter=COUNTER, reserve_output=1_000)
+    out = run(policy.prepare(msgs, book=SummaryBook([record])))
+    assert out.report["summary"] is None and out.report["tokens_after"] <= 3_000
+    check(policy, msgs, out, counter=COUNTER)
+    inline = ContextPolicy(
+        4_000, counter=COUNTER, reserve_output=1_000, summarizer=WordySummarizer()
+    )
+    out = run(inline.prepare(msgs, book=SummaryBook()))
+    assert out.report["summary"] is None and out.new_summaries and out.cost > 0
