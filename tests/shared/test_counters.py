@@ -107,6 +107,13 @@ def test_heuristic_ascii_counts_as_before() -> None:
     assert counter.count_message({"role": "user", "content": "x" * 100}) == math.ceil(104 / 3.5) + 4
 
 
+def test_a_refusal_counts_as_its_text() -> None:
+    """An assistant refusal (content null) counts its `refusal` text as content."""
+    counter = HeuristicCounter(chars_per_token=1.0, per_message=0)
+    refusal = {"role": "assistant", "content": None, "refusal": "no", "tool_calls": None}
+    assert counter.count_message(refusal) == len("assistant") + 2
+
+
 def test_heuristic_counts_every_field() -> None:
     """name, tool_call_id, call names and arguments count as characters; each call adds 8."""
     counter = HeuristicCounter(chars_per_token=1.0, per_message=0, per_tool_call=8)

@@ -190,3 +190,15 @@ def test_groups_refuse_what_is_not_a_transcript() -> None:
     assert exc.value.index == 1
     with pytest.raises(InvalidRequest):
         groups([{"role": "user", "content": "a"}], -1)
+
+
+def test_a_refusal_sent_back_as_it_came_is_valid() -> None:
+    """OpenAI returns a refusal as content null plus `refusal` (model_dump() adds null
+    tool_calls, audio...): sent back, it is a valid assistant turn; null content with no
+    refusal, calls or audio is still refused."""
+    refusal = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    refusal |= {"tool_calls": None, "function_call": None, "audio": None, "annotations": []}
+    msgs = [{"role": "user", "content": "x"}, refusal, {"role": "user", "content": "ok"}]
+    assert validate(msgs) == msgs
+    with pytest.raises(InvalidTranscript, match="null"):
+        validate([msgs[0], {**refusal, "refusal": ""}])
