@@ -13,7 +13,13 @@ from hypothesis import strategies as st
 
 from shared.calibration import CalibratedCounter, ScaledCounter
 from shared.counters import HeuristicCounter, TiktokenCounter
-from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
+from shared.errors import (
+    ConfigError,
+    DoesNotFit,
+    InvalidTranscript,
+    RetryableLLMError,
+    UnknownModel,
+)
 from shared.hashing import prefix_hashes
 from shared.llm import Completion
 from shared.messages import Message, groups
@@ -451,3 +457,25 @@ def test_a_summary_too_big_for_the_window_is_left_out() -> None:
     )
     out = run(inline.prepare(msgs, book=SummaryBook()))
     assert out.report["summary"] is None and out.new_summaries and out.cost > 0
+
+
+class FailingSummarizer:
+    """A summarizer whose provider is rate-limiting."""
+
+    name = "failing"
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        raise RetryableLLMError("429 from the summarizer's provider", retry_after=30)
+
+
+def test_a_failing_summarizer_does_not_fail_the_request() -> None:
+    """A summarizer's 429 or timeout leaves the cut to the strategies after Summarize: the
+    prompt fits, no summary, and the report says a summary is due (stale)."""
+    msgs = chat(60)
+    policy = ContextPolicy(8_000, counter=COUNTER, summarizer=FailingSummarizer())
+    out = run(policy.prepare(msgs))
+    check(policy, msgs, out, counter=COUNTER)
+    assert out.report["summary"] is None and out.report["stale"] is True
+    assert out.report["dropped_groups"] > 0 and not out.new_summaries
