@@ -115,9 +115,12 @@ class ContextPolicy:
         if isinstance(self.max_input_tokens, int):
             return self.max_input_tokens
         try:
-            window = int(self.max_input_tokens(model))
+            found = self.max_input_tokens(model)
         except LookupError:
             raise UnknownModel(f"no input window is configured for model {model!r}") from None
+        if isinstance(found, bool) or not isinstance(found, int | float) or not found < math.inf:
+            raise ConfigError(f"the window of {model!r} must be a number, got {found!r}")
+        window = int(found)
         if window - self.reserve_output <= 0:
             raise ConfigError(f"window {window} of {model!r} leaves nothing after reserve_output")
         return window
@@ -405,6 +408,10 @@ def _check(
     keep_recent: int,
     precompute_at: float,
 ) -> None:
+    if isinstance(window, bool) or not (isinstance(window, int) or callable(window)):
+        raise ConfigError(
+            f"max_input_tokens must be an int or a function of the model, got {window!r}"
+        )
     if not 0.0 < target <= trigger <= 1.0:
         raise ConfigError(f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}")
     if reserve_output < 0 or keep_recent < 1:

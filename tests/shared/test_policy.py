@@ -479,3 +479,15 @@ def test_a_failing_summarizer_does_not_fail_the_request() -> None:
     check(policy, msgs, out, counter=COUNTER)
     assert out.report["summary"] is None and out.report["stale"] is True
     assert out.report["dropped_groups"] > 0 and not out.new_summaries
+
+
+def test_a_window_that_is_not_a_number_is_a_config_error() -> None:
+    """max_input_tokens that is neither an int nor a function, or a function answering
+    something other than a number (None for a model it does not know), is a ConfigError."""
+    for window in (None, "8000", 8000.5, True):
+        with pytest.raises(ConfigError):
+            ContextPolicy(window)  # type: ignore[arg-type]
+    for answer in (None, "abc", float("nan"), True):
+        with pytest.raises(ConfigError, match="must be a number"):
+            ContextPolicy(lambda model, a=answer: a).budget("m")  # type: ignore[misc]
+    assert ContextPolicy(lambda model: 8000.7).budget("m") == 8000 - 4096
