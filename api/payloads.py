@@ -63,7 +63,25 @@ def prepared_body(
     format: str,
     loaded: Loaded | None = None,
 ) -> bytes:
-    """The JSON answer of a prepare; stored messages are emitted as their stored bytes."""
+    """The JSON answer of a prepare; stored messages are emitted as their stored bytes.
+
+    `InvalidTranscript` when a message holds text UTF-8 cannot encode (a lone surrogate, as a
+    JSON `\\ud800` escape gives): the store refuses to write it, and no provider takes it.
+    """
+    try:
+        return _prepared_body(messages, tokens, report, format=format, loaded=loaded)
+    except UnicodeEncodeError as exc:
+        raise InvalidTranscript(f"a message is not valid UTF-8: {exc.reason}") from None
+
+
+def _prepared_body(
+    messages: Sequence[Message],
+    tokens: int,
+    report: dict[str, Any],
+    *,
+    format: str,
+    loaded: Loaded | None,
+) -> bytes:
     if format == "anthropic":
         system, converted = to_anthropic(messages)
         return dumps({"messages": converted, "system": system, "tokens": tokens, "report": report})

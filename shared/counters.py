@@ -33,6 +33,8 @@ from shared.messagekeys import Key, KeyFields, checked_key, fields, message_key
 from shared.messages import Message, ToolSpec
 
 __all__ = [
+    "ASTRAL_TOKENS",
+    "NON_ASCII_BYTE_TOKENS",
     "NON_TEXT_PART_TOKENS",
     "CountCache",
     "CountOnly",
@@ -49,6 +51,11 @@ __all__ = [
 # major providers (Anthropic caps an image near 1,600 tokens; OpenAI's high-detail gpt-4o
 # images stay under 1,105). Erring high is the safe direction for a budget.
 NON_TEXT_PART_TOKENS = 1600
+# HeuristicCounter's tokens for text beyond ASCII, on top of chars / chars_per_token: per
+# UTF-8 byte past the first of a character (Cyrillic 2 bytes, CJK 3), and per character
+# outside the BMP (emoji; 4 bytes). Fitted on cl100k_base, the hungriest common encoding.
+NON_ASCII_BYTE_TOKENS = 0.5
+ASTRAL_TOKENS = 2.5
 
 
 class CachedCounter(ABC):
@@ -132,8 +139,16 @@ class HeuristicCounter(CachedCounter):
     """chars / chars_per_token (rounded up) plus fixed per-message and per-tool-call overheads.
 
     3.5 characters per token errs on the high side for English prose and is about right for
-    code and JSON: it over-counts a little, the safe direction for a budget. No priming.
+    code and JSON: it over-counts a little, the safe direction for a budget. Other scripts
+    take far fewer characters per token (Chinese and Japanese about one token a character,
+    emoji two or three), so characters beyond ASCII add `NON_ASCII_BYTE_TOKENS` per UTF-8
+    byte past their first and `ASTRAL_TOKENS` each outside the BMP: within a few percent of
+    cl100k_base for CJK, Cyrillic, Arabic, Devanagari and emoji, and over o200k_base (a
+    `CalibratedCounter` settles the rest). ASCII text counts as before. No priming.
     """
+
+    non_ascii_byte_tokens = NON_ASCII_BYTE_TOKENS
+    astral_tokens = ASTRAL_TOKENS
 
     def __init__(
         self,
@@ -155,22 +170,33 @@ class HeuristicCounter(CachedCounter):
     def __repr__(self) -> str:
         return (
             f"HeuristicCounter(chars_per_token={self.chars_per_token}, "
-            f"per_message={self.per_message}, per_tool_call={self.per_tool_call})"
+            f"per_message={self.per_message}, per_tool_call={self.per_tool_call}, "
+            f"non_ascii={self.non_ascii_byte_tokens}/{self.astral_tokens})"
         )
 
-    def _chars(self, n: int) -> int:
-        return math.ceil(n / self.chars_per_token)
+    def _chars(self, texts: Sequence[str]) -> int:
+        """Tokens of `texts`: characters / chars_per_token, more for those beyond ASCII."""
+        chars = 0
+        extra = 0.0
+        for text in texts:
+            chars += len(text)
+            if not text.isascii():
+                wide = len(text.encode("utf-8", "surrogatepass")) - len(text)
+                astral = len(text.encode("utf-16-le", "surrogatepass")) // 2 - len(text)
+                extra += self.non_ascii_byte_tokens * (wide - 3 * astral)
+                extra += self.astral_tokens * astral
+        return math.ceil(chars / self.chars_per_token + extra)
 
     def _measure(self, parts: KeyFields) -> int:
         return (
             self.per_message
-            + self._chars(sum(map(len, parts.texts)))
+            + self._chars(parts.texts)
             + self.per_tool_call * parts.calls
             + NON_TEXT_PART_TOKENS * parts.non_text
         )
 
     def _tools_tokens(self, spec_json: str) -> int:
-        return self._chars(len(spec_json))
+        return self._chars((spec_json,))
 
 
 class TiktokenCounter(CachedCounter):

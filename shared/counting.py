@@ -13,12 +13,14 @@ built-in counters implement `MessageCounter` directly (faster, and exact by cons
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from shared.countcache import CountCache
+from shared.errors import ConfigError, PrefitError
 from shared.messagekeys import message_key
 from shared.messages import Message, ToolSpec
 
@@ -54,8 +56,6 @@ def per_message(counter: TokenCounter) -> MessageCounter:
     if isinstance(counter, MessageCounter):
         return counter
     if not callable(getattr(counter, "count", None)):
-        from shared.errors import ConfigError
-
         raise ConfigError(f"a token counter needs a count() method, got {type(counter).__name__}")
     return CountOnly(counter)
 
@@ -75,7 +75,7 @@ class CountOnly:
     def count(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
     ) -> int:
-        return int(self.inner.count(messages, tools, model))
+        return self._number(self.inner.count(messages, tools, model))
 
     def count_message(self, message: Message, model: str | None = None) -> int:
         cache = self._cache(model)
@@ -93,13 +93,42 @@ class CountOnly:
         return self._alone([], tools, model) if tools else 0
 
     def _alone(self, messages: list[Message], tools: Sequence[ToolSpec], model: str | None) -> int:
-        return max(0, int(self.inner.count(messages, tools, model)) - self._base(model))
+        try:
+            alone = self.inner.count(messages, tools, model)
+        except PrefitError:
+            raise
+        except Exception as exc:  # e.g. a chat template that wants a user message first
+            what = "one message" if messages else "the tool specs"
+            raise ConfigError(
+                f"token counter {type(self.inner).__name__} failed to count {what} on its own "
+                f"({type(exc).__name__}: {exc}); prefit sizes messages one by one"
+            ) from exc
+        return max(0, self._number(alone) - self._base(model))
 
     def _base(self, model: str | None) -> int:
+        """What the counter adds per request: its count of no messages; 0 when it cannot
+        count no messages (a provider's endpoint that wants one), which over-counts."""
         found = self._empty.get(model)
         if found is None:
-            found = self._empty[model] = int(self.inner.count([], (), model))
+            try:
+                found = self._number(self.inner.count([], (), model))
+            except PrefitError:
+                raise
+            except Exception:
+                found = 0
+            self._empty[model] = found
         return found
+
+    def _number(self, value: object) -> int:
+        """A count as an int (a fractional one rounded up); `ConfigError` if not a count."""
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+        if isinstance(value, float) and math.isfinite(value) and value >= 0:
+            return math.ceil(value)
+        raise ConfigError(
+            f"token counter {type(self.inner).__name__}.count() must return a number >= 0, "
+            f"got {type(value).__name__}"
+        )
 
     def _cache(self, model: str | None) -> CountCache:
         with self._lock:

@@ -10,14 +10,14 @@ below mirrors one strategy, measuring as `Work.tokens` does.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from shared.calibration import CalibratedCounter, ScaledCounter, scale
+from shared.calibration import CalibratedCounter, ScaledCounter
 from shared.counters import CachedCounter
 from shared.counting import MessageCounter
+from shared.cutdrop import Frame, Measure, Outcome, drop, record
 from shared.ledger import Ledger, Steps
 from shared.messages import Message, ToolSpec, tail_start
 from shared.strategies import (
@@ -27,7 +27,7 @@ from shared.strategies import (
     Summarize,
     TruncateToolResults,
 )
-from shared.strategies.drop import drop_marker, first_guess
+from shared.strategies.drop import pin_fits
 from shared.strategies.work import counter_parts
 
 _DEFAULT_KINDS = (
@@ -52,47 +52,6 @@ def can_decide(strategies: list[Strategy], policy_summarizer: object) -> bool:
     """Whether no summary step can call a model (then `decide` equals the strategies)."""
     own = [s.summarizer for s in strategies if isinstance(s, Summarize)]
     return policy_summarizer is None and all(o is None for o in own)
-
-
-@dataclass(frozen=True)
-class Measure:
-    """Tokens of a prompt whose messages sum to `raw`: plus tools and priming, calibrated,
-    scaled by 1/pressure (what `Work.tokens` computes)."""
-
-    fixed: int
-    ratio: float
-    pressure: float
-
-    def __call__(self, raw: int) -> int:
-        value = scale(self.ratio, raw + self.fixed)
-        return math.ceil(value / self.pressure) if self.pressure != 1.0 else value
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One transcript against one ledger: its length, head end and protected tail start."""
-
-    ledger: Ledger
-    n: int
-    head: int
-    tail: int
-    target: int
-    summarize_step: bool  # a (no-op) Summarize runs between clearing and dropping
-    book_given: bool
-
-
-@dataclass
-class Outcome:
-    """What the steps decided: enough to build the messages and the report."""
-
-    tokens: int
-    applied: list[dict[str, Any]] = field(default_factory=list)
-    truncated: bool = False
-    cleared_until: int | None = None  # clearable results in [head, this) are cleared
-    dropped_until: int | None = None  # groups in [head, this) are gone, behind a marker
-    dropped_groups: int = 0
-    marker: Message | None = None
-    stale: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,6 +86,14 @@ class Shortcut:
         at `head` (a group boundary, so the groups after it are the ledger's)."""
         return tail_start(self.ledger.group_starts(head, n), head, keep_recent)
 
+    def pin(self, head: int, tail: int, n: int, target: int) -> int:
+        """Where `DropOldest` finds the user's latest message it keeps (`pinned`); -1: none."""
+        last = self.ledger.last_user(n)
+        if last is None or not head <= last < tail:
+            return -1
+        cum = self.ledger.cum_raw
+        return last if pin_fits(cum[last + 1] - cum[last], target) else -1
+
     def served(self, head: int, summary: Message, upto: int, n: int) -> int:
         """Tokens of the prompt [head][summary][messages upto..n) (what `with_best` builds)."""
         cum = self.ledger.cum_raw
@@ -152,7 +119,8 @@ class Shortcut:
         tail = tail_start(starts, head, keep_recent)
         summarize_step = any(isinstance(s, Summarize) for s in strategies)
         target = report["target_tokens"]
-        f = Frame(self.ledger, len(transcript), head, tail, target, summarize_step, book_given)
+        pin = self.pin(head, tail, len(transcript), target)
+        f = Frame(self.ledger, len(transcript), head, tail, target, summarize_step, book_given, pin)
         out = decide(f, self.steps, self.measure)
         if out.tokens > report["budget"]:
             return None
@@ -169,7 +137,7 @@ def decide(frame: Frame, steps: Steps, measure: Measure) -> Outcome:
     shortened = len(ledger.shortened_in(0, n))
     if shortened:
         raw = ledger.cum_short[n]
-        _record(out, "TruncateToolResults", measure(raw), messages=shortened)
+        record(out, "TruncateToolResults", measure(raw), messages=shortened)
         out.truncated = True
     if out.tokens <= frame.target:
         return out
@@ -177,19 +145,14 @@ def decide(frame: Frame, steps: Steps, measure: Measure) -> Outcome:
     cleared = len(ledger.clearable_in(frame.head, until))
     if cleared:
         raw -= ledger.cum_saved[until] - ledger.cum_saved[frame.head]
-        _record(out, "ClearToolResults", measure(raw), messages=cleared)
+        record(out, "ClearToolResults", measure(raw), messages=cleared)
         out.cleared_until = until
     if out.tokens <= frame.target:
         return out
     if frame.summarize_step and frame.tail > frame.head:
         out.stale = frame.book_given
-    _drop(frame, steps, measure, raw, out)
+    drop(frame, steps, measure, raw, out)
     return out
-
-
-def _record(out: Outcome, strategy: str, tokens: int, **detail: Any) -> None:
-    out.applied.append({"strategy": strategy, "saved": out.tokens - tokens, **detail})
-    out.tokens = tokens
 
 
 def _clear_until(frame: Frame, keep_last: int) -> int:
@@ -202,60 +165,9 @@ def _clear_until(frame: Frame, keep_last: int) -> int:
     return min(frame.tail, frame.ledger.tools[tools - keep_last])
 
 
-def _drop(frame: Frame, steps: Steps, measure: Measure, raw: int, out: Outcome) -> None:
-    """`DropOldest`: the first guess from sizes, then one more group until it fits."""
-    starts = frame.ledger.group_starts(frame.head, frame.tail)
-    if not starts:
-        return
-    count, before = len(starts), out.tokens
-
-    def end(k: int) -> int:  # where the oldest k >= 1 groups end
-        return starts[k] if k < count else frame.tail
-
-    def dropped(k: int) -> int:  # raw size of the oldest k groups, as they are now
-        return _span_size(frame, out, frame.head, end(k)) if k else 0
-
-    take = first_guess(dropped, count, before / max(1, raw), before - frame.target)
-    tokens = _without(steps, measure, raw - dropped(take), take, end(take) - frame.head, out)
-    while take < count and tokens > frame.target:
-        take += 1
-        tokens = _without(steps, measure, raw - dropped(take), take, end(take) - frame.head, out)
-    out.dropped_groups = take
-    out.dropped_until = end(take) if take else None
-    _record(out, "DropOldest", tokens, groups=take)
-
-
-def _without(
-    steps: Steps,
-    measure: Measure,
-    left: int,
-    groups: int,
-    messages: int,
-    out: Outcome,
-) -> int:
-    """Tokens once `groups` oldest groups (`messages` messages) are gone, leaving `left` raw
-    tokens of messages, and a marker says so."""
-    if not groups:
-        out.marker = None
-        return measure(left)
-    out.marker = drop_marker(messages, groups)
-    return measure(left + steps.base.count_message(out.marker))
-
-
-def _span_size(frame: Frame, out: Outcome, a: int, b: int) -> int:
-    """Raw size of messages `[a, b)` as they stand after truncating and clearing."""
-    ledger = frame.ledger
-    size = (ledger.cum_short if out.truncated else ledger.cum_raw)[b]
-    size -= (ledger.cum_short if out.truncated else ledger.cum_raw)[a]
-    until = out.cleared_until
-    if until is not None:
-        size -= ledger.cum_saved[min(b, until)] - ledger.cum_saved[min(a, until)]
-    return size
-
-
 def _report(frame: Frame, out: Outcome) -> dict[str, Any]:
     """What `reports.outcome` says of the same cut."""
-    gone = out.dropped_until - frame.head if out.dropped_until is not None else 0
+    gone = sum(b - a for a, b in out.dropped)
     return {
         "tokens_after": out.tokens,
         "applied": out.applied,
@@ -271,18 +183,22 @@ def build(transcript: list[Message], frame: Frame, steps: Steps, out: Outcome) -
     """The messages the steps leave: fresh dicts for every one they changed (the head's tool
     results too, which `TruncateToolResults` shortens like any other)."""
     ledger, head = frame.ledger, frame.head
-    start = out.dropped_until if out.dropped_until is not None else head
     out_messages = transcript[:head]
-    if out.marker is not None:
-        out_messages.append(out.marker)
-    offset = len(out_messages) - start  # where transcript[start] lands
-    out_messages += transcript[start : frame.n]
-    if out.truncated:
-        for i in [*ledger.shortened_in(0, head), *ledger.shortened_in(start, frame.n)]:
-            at = i if i < head else i + offset
-            out_messages[at] = steps.truncate.shorten(transcript[i]) or transcript[i]
-    if out.cleared_until is not None:
-        placeholder = steps.clear.placeholder
-        for i in ledger.clearable_in(max(start, head), out.cleared_until):
-            out_messages[i + offset] = {**transcript[i], "content": placeholder}
+    placed = [(0, head, 0)]  # ranges of the transcript kept, and where each lands (offset)
+    at = head
+    for (a, b), marker in zip(out.dropped, out.markers, strict=True):
+        placed.append((at, a, len(out_messages) - at))
+        out_messages += transcript[at:a]
+        out_messages.append(marker)
+        at = b
+    placed.append((at, frame.n, len(out_messages) - at))
+    out_messages += transcript[at : frame.n]
+    until = out.cleared_until
+    for a, b, offset in placed:
+        if out.truncated:
+            for i in ledger.shortened_in(a, b):
+                out_messages[i + offset] = steps.truncate.shorten(transcript[i]) or transcript[i]
+        if until is not None:
+            for i in ledger.clearable_in(max(a, head), min(b, until)):
+                out_messages[i + offset] = {**transcript[i], "content": steps.clear.placeholder}
     return out_messages

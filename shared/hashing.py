@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from shared.errors import ConfigError
+from shared.errors import ConfigError, InvalidTranscript
 
 VERSION = "v2"
 HEX_DIGITS = 32  # of a digest and of a prefix hash
@@ -64,9 +64,16 @@ EMPTY = f"{VERSION}:{hashlib.sha1(b'prefit-prefix-v2').hexdigest()[:HEX_DIGITS]}
 
 
 def _chain(start: str, messages: Sequence[Mapping[str, Any]]) -> Iterator[str]:
+    """The chain over `messages`; `InvalidTranscript` (with the index) for a message that has
+    no canonical encoding (a lone surrogate, which UTF-8 cannot encode and no provider
+    accepts, or a value JSON cannot encode), as the store refuses to write it."""
     h = start
-    for m in messages:
-        h = chain_step(h, message_digest(m))
+    for i, m in enumerate(messages):
+        try:
+            digest = message_digest(m)
+        except (TypeError, ValueError) as exc:
+            raise InvalidTranscript(f"message is not JSON-encodable: {exc}", i) from None
+        h = chain_step(h, digest)
         yield h
 
 
@@ -78,8 +85,8 @@ def prefix_hashes(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 def prefix_hash(messages: Sequence[Mapping[str, Any]]) -> str:
     """The prefix hash of all of `messages`."""
     h = EMPTY
-    for m in messages:
-        h = chain_step(h, message_digest(m))
+    for h in _chain(EMPTY, messages):  # noqa: B007 (the last one is the answer)
+        pass
     return h
 
 

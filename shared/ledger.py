@@ -57,6 +57,7 @@ class Ledger:
         self.shortened = array("q")  # tool results TruncateToolResults changes
         self.clearable = array("q")  # tool results ClearToolResults may replace
         self.starts = array("q")  # turn groups
+        self.users = array("q")  # user messages
 
     def __len__(self) -> int:
         return len(self.cum_raw) - 1
@@ -75,6 +76,8 @@ class Ledger:
         for i, size in enumerate(sizes, start):
             m = messages[i]
             self.cum_raw.append(self.cum_raw[-1] + size)
+            if m.get("role") == "user":
+                self.users.append(i)
             if m.get("role") != "tool":
                 self.cum_short.append(self.cum_short[-1] + size)
                 self.cum_saved.append(self.cum_saved[-1])
@@ -110,6 +113,11 @@ class Ledger:
         """Positions in `[a, b)` that clearing may replace."""
         c = self.clearable
         return c[bisect_left(c, a) : bisect_left(c, b)] if a < b else array("q")
+
+    def last_user(self, n: int) -> int | None:
+        """Position of the last user message among the first `n`, None if there is none."""
+        k = bisect_left(self.users, n)
+        return self.users[k - 1] if k else None
 
     def group_starts(self, a: int, b: int) -> array[int]:
         """Starts of the turn groups that start in `[a, b)`."""

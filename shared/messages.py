@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from shared.errors import InvalidTranscript
+from shared.errors import InvalidRequest, InvalidTranscript
 
 Message: TypeAlias = dict[str, Any]
 ToolSpec: TypeAlias = dict[str, Any]
@@ -23,16 +23,23 @@ _PLAIN = frozenset({"system", "developer", "user", "assistant"})
 
 
 def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
-    """Half-open index ranges of atomic turn groups from `start`."""
+    """Half-open index ranges of atomic turn groups from `start`; `InvalidTranscript` when a
+    message is not an object."""
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise InvalidRequest(f"start must be an integer >= 0, got {start!r}")
     out: list[tuple[int, int]] = []
     i, n = start, len(msgs)
-    while i < n:
-        j = i + 1
-        if msgs[i].get("role") == "assistant" and msgs[i].get("tool_calls"):
-            while j < n and msgs[j].get("role") == "tool":
-                j += 1
-        out.append((i, j))
-        i = j
+    try:
+        while i < n:
+            j = i + 1
+            if msgs[i].get("role") == "assistant" and msgs[i].get("tool_calls"):
+                while j < n and msgs[j].get("role") == "tool":
+                    j += 1
+            out.append((i, j))
+            i = j
+    except AttributeError:
+        bad = next(k for k in range(start, n) if not isinstance(msgs[k], dict))
+        raise InvalidTranscript(f"message must be an object, got {_kind(msgs[bad])}", bad) from None
     return out
 
 
@@ -188,7 +195,7 @@ def _check_message(m: Any, i: int) -> None:
         raise InvalidTranscript(
             f"unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})", i
         )
-    _check_content(m.get("content"), i, required=role != "assistant" or not m.get("tool_calls"))
+    _check_content(m.get("content"), i, required=role != "assistant" or not _speaks_otherwise(m))
     if "name" in m and m["name"] is not None and not isinstance(m["name"], str):
         raise InvalidTranscript("'name' must be a string", i)
     if "tool_calls" in m and m["tool_calls"] is not None:
@@ -197,6 +204,17 @@ def _check_message(m: Any, i: int) -> None:
                 f"'tool_calls' is only valid on assistant messages, not {role}", i
             )
         _check_tool_calls(m["tool_calls"], i)
+
+
+def _speaks_otherwise(m: Message) -> bool:
+    """Whether an assistant message says something without `content`: tool calls, or a
+    refusal or audio reply as OpenAI returns them (content null), sent back as they came."""
+    refusal = m.get("refusal")
+    return (
+        bool(m.get("tool_calls"))
+        or bool(m.get("audio"))
+        or (isinstance(refusal, str) and bool(refusal))
+    )
 
 
 def _check_content(content: Any, i: int, *, required: bool) -> None:

@@ -12,11 +12,11 @@ from shared.calibration import CalibratedCounter, ScaledCounter
 from shared.counters import HeuristicCounter
 from shared.counting import MessageCounter, TokenCounter, per_message
 from shared.cut import Shortcut, can_decide, default_steps
-from shared.errors import ConfigError, UnknownModel
+from shared.errors import ConfigError, DoesNotFit, UnknownModel
 from shared.head import Head, head_of
 from shared.ledger import Ledger, grow
 from shared.llm import LLMClient
-from shared.messages import Message, ToolSpec, groups, tail_start
+from shared.messages import Message, ToolSpec, groups, tail_start, validate
 from shared.planning import SummaryPlan, plan_summary
 from shared.reports import does_not_fit, new_report, outcome
 from shared.serving import from_book, with_best
@@ -115,9 +115,12 @@ class ContextPolicy:
         if isinstance(self.max_input_tokens, int):
             return self.max_input_tokens
         try:
-            window = int(self.max_input_tokens(model))
+            found = self.max_input_tokens(model)
         except LookupError:
             raise UnknownModel(f"no input window is configured for model {model!r}") from None
+        if isinstance(found, bool) or not isinstance(found, int | float) or not found < math.inf:
+            raise ConfigError(f"the window of {model!r} must be a number, got {found!r}")
+        window = int(found)
         if window - self.reserve_output <= 0:
             raise ConfigError(f"window {window} of {model!r} leaves nothing after reserve_output")
         return window
@@ -249,11 +252,23 @@ class ContextPolicy:
             )
             if kept is not None:
                 return Prepared(kept, report)
-        work = await self.cut(
-            messages, tools=tools, model=model, book=book, pressure=pressure, sizes=sizes,
-            hashes=hashes, due=due,
+        cut = partial(
+            self.cut, messages, tools=tools, model=model, book=book, pressure=pressure,
+            sizes=sizes, hashes=hashes, due=due,
         )  # fmt: skip
-        return self._fitted(work, report)
+        work = await cut()
+        try:
+            return self._fitted(work, report)
+        except DoesNotFit:
+            if work.summary is None:
+                raise
+        # a summary that cannot be cut made it impossible (a record written for a larger
+        # window): the turns it stands for can still be cleared and dropped without it
+        prepared = self._fitted(await cut(summaries=False), report)
+        prepared.new_summaries[:0] = work.new_summaries
+        prepared.tokens_spent += work.tokens_spent
+        prepared.cost += work.cost
+        return prepared
 
     async def cut(
         self,
@@ -266,11 +281,13 @@ class ContextPolicy:
         sizes: SizeMemo | None = None,
         hashes: Sequence[str] | None = None,
         due: Callable[[], bool] | None = None,
+        summaries: bool = True,
     ) -> Work:
         """Run the strategies on a validated transcript; `prepare` checks the result fits.
 
         `due` answers whether the workers could write a newer record (for `stale`); by
-        default `summary_due` on this transcript and book.
+        default `summary_due` on this transcript and book. `summaries=False` skips the
+        `Summarize` steps.
         """
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
@@ -282,6 +299,8 @@ class ContextPolicy:
         if hashes is not None:
             work.use_hashes(hashes)
         for strategy in self.strategies:
+            if not summaries and isinstance(strategy, Summarize):
+                continue
             await strategy.apply(work)
             if work.fits_target():
                 break
@@ -306,7 +325,12 @@ class ContextPolicy:
         tools: Sequence[ToolSpec],
         actual_prompt_tokens: int,
     ) -> None:
-        """Calibrate on a real response (only a `CalibratedCounter` learns from it)."""
+        """Calibrate on a real response (only a `CalibratedCounter` learns from it).
+
+        `sent` must be a valid, non-empty transcript (`InvalidTranscript` otherwise): the
+        ratio of a request with no messages says nothing about how messages are counted.
+        """
+        sent = validate(sent)
         if isinstance(self.counter, CalibratedCounter):
             estimated = self.counter.base.count(sent, tools, model)
             self.counter.observe(model, estimated, actual_prompt_tokens)
@@ -384,6 +408,10 @@ def _check(
     keep_recent: int,
     precompute_at: float,
 ) -> None:
+    if isinstance(window, bool) or not (isinstance(window, int) or callable(window)):
+        raise ConfigError(
+            f"max_input_tokens must be an int or a function of the model, got {window!r}"
+        )
     if not 0.0 < target <= trigger <= 1.0:
         raise ConfigError(f"need 0 < target <= trigger <= 1, got target={target} trigger={trigger}")
     if reserve_output < 0 or keep_recent < 1:

@@ -23,11 +23,19 @@ def drop_marker(messages: int, turn_groups: int) -> Message:
     }
 
 
+# The user's latest message outside the protected tail is kept when it is at most this
+# share of the target: it says what the turns after it are doing (an agent may make dozens
+# of tool calls after a follow-up request); a larger one (a pasted log) may go.
+PIN_MAX_SHARE = 0.25
+
+
 class DropOldest:
-    """Delete the oldest turn groups until it fits (never the head, a summary or the tail).
+    """Delete the oldest turn groups until it fits (never the head, a summary or the tail,
+    nor the user's latest message: see `PIN_MAX_SHARE`).
 
     Each run of dropped groups leaves one marker saying how much is missing there (one run,
-    right after the head, unless a cut-able gap before the task was dropped too).
+    right after the head, unless a cut-able gap before the task was dropped too, or the
+    user's latest message stands between two runs).
     """
 
     def __repr__(self) -> str:
@@ -59,13 +67,38 @@ def droppable(work: Work) -> list[tuple[int, int]]:
     tail, nothing protected in them, and none of prefit's own messages (summary, marker)."""
     origin, tail = work.origin, work.tail_start
     end = next((p for p, o in enumerate(origin) if o >= tail), len(origin))
+    pin = pinned(work, end)
     spans = []
     for a, b in groups(work.messages):
         if b > end:
             break
-        if all(origin[p] != SYNTHETIC and not work.protected(p) for p in range(a, b)):
+        if a != pin and all(origin[p] != SYNTHETIC and not work.protected(p) for p in range(a, b)):
             spans.append((a, b))
     return spans
+
+
+def latest_request(transcript: Sequence[Message], head_end: int, tail: int) -> int | None:
+    """Index of the transcript's last user message when it stands in `[head_end, tail)`."""
+    for i in range(len(transcript) - 1, head_end - 1, -1):
+        if transcript[i].get("role") == "user":
+            return i if i < tail else None
+    return None
+
+
+def pin_fits(size: int, target: int) -> bool:
+    """Whether a latest request of `size` raw tokens is kept (see `PIN_MAX_SHARE`)."""
+    return size <= PIN_MAX_SHARE * target
+
+
+def pinned(work: Work, end: int) -> int | None:
+    """Position in `work.messages[:end]` of the user's latest message that `DropOldest` keeps."""
+    found = latest_request(work.transcript, work.head_end, work.tail_start)
+    if found is None:
+        return None
+    at = next((p for p in range(end) if work.origin[p] == found), None)
+    if at is None or not pin_fits(work.size(work.messages[at]), work.limits.target):
+        return None
+    return at
 
 
 def first_guess(dropped: Callable[[int], int], count: int, scale: float, excess: int) -> int:

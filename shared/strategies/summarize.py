@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from shared.errors import ConfigError
 from shared.llm import LLMClient, SummarizeFn
+from shared.logs import get_logger
 from shared.messages import Message
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.work import Work
 from shared.summaries import SummaryRecord
 from shared.summarize import build_record, plan_cut, summary_message
 from shared.summarizers import FnSummarizer, LLMSummarizer, Summarizer
+
+log = get_logger(__name__)
 
 
 class Summarize:
@@ -18,7 +21,9 @@ class Summarize:
     It first reuses the best record of the book (matched by content hash), then, when that is
     not enough and a summarizer is at hand (its own `client`/`summarize`, else the policy's),
     folds the newer turns into it chunk by chunk. Without any summarizer it never calls a
-    model: it serves the book's record and marks the result `stale` if more is due.
+    model: it serves the book's record and marks the result `stale` if more is due. When the
+    summarizer fails (a provider's rate limit, a timeout), the record it had is used, the
+    result is marked `stale`, and the strategies after it cut instead: the request goes on.
     """
 
     def __init__(
@@ -63,10 +68,17 @@ class Summarize:
         if record is not None and record.upto <= work.head_end:
             record = None
         summarizer = self._own or work.summarizer
+        failed = False
         if summarizer is not None and (record is None or not self._fits_with(work, record)):
-            record = await self._extend(work, summarizer, record) or record
+            try:
+                record = await self._extend(work, summarizer, record) or record
+            except Exception as exc:  # a provider's 429 or timeout must not fail the request
+                log.warning(
+                    "summarize.failed", error=type(exc).__name__, summarizer=summarizer.name
+                )
+                failed = True  # the strategies after this one cut without a new summary
         # stale: a summary is due that the workers could write now, and it is not here
-        work.stale = summarizer is None and work.book is not None and work.due()
+        work.stale = failed or (summarizer is None and work.book is not None and work.due())
         if record is None:
             return
         self._install(work, record)

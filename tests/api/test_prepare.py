@@ -285,3 +285,11 @@ def test_no_wait_and_no_job_when_only_the_recent_turns_are_left(
     assert report["summary"]["upto"] == tail and report["stale"] is False
     assert "waited_ms" not in report
     assert [p for _, p in recorder.jobs if p == PRIORITY_STALE] == []
+
+
+def test_stateless_prepare_refuses_a_lone_surrogate(client: TestClient, model: str) -> None:
+    """A JSON `\\ud800` escape (a JS client cutting an emoji in half) is a 422, not a 500."""
+    content = '"half \\ud83d an emoji"'
+    raw = f'{{"model": "{model}", "messages": [{{"role": "user", "content": {content}}}]}}'
+    r = client.post("/v1/prepare", content=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["type"] == "InvalidTranscript"

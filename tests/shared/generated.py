@@ -1,4 +1,6 @@
-"""Hypothesis strategies for transcripts: heads, plain turns, parallel tool calls, pending calls."""
+"""Hypothesis strategies for transcripts: heads, plain turns, parallel tool calls (results in
+any order), pending calls, content as parts (text and images), names, mid-conversation
+system and developer messages, follow-up requests."""
 
 from __future__ import annotations
 
@@ -15,6 +17,17 @@ def _repeat(s: str, n: int) -> str:
 
 
 sized = st.builds(_repeat, text, st.integers(0, 3000))  # from a word to a few pages
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBOR" * 4000}}
+
+
+@st.composite
+def any_content(draw: st.DrawFn) -> str | list[dict[str, Any]]:
+    """A string, or a list of text parts with maybe an image (as SDKs and screenshots send)."""
+    body = draw(sized)
+    if draw(st.integers(0, 4)):
+        return body
+    parts: list[dict[str, Any]] = [{"type": "text", "text": body}]
+    return [*parts, IMAGE] if draw(st.booleans()) else [*parts, {"type": "text", "text": ""}]
 
 
 @st.composite
@@ -27,7 +40,8 @@ def tool_group(draw: st.DrawFn, n: int) -> list[dict[str, Any]]:
     ]
     content = draw(st.sampled_from([None, "", "let me look"]))
     group: list[dict[str, Any]] = [{"role": "assistant", "content": content, "tool_calls": calls}]
-    group += [{"role": "tool", "tool_call_id": i, "content": draw(sized)} for i in ids]
+    order = draw(st.permutations(ids))  # parallel calls' results come back in any order
+    group += [{"role": "tool", "tool_call_id": i, "content": draw(any_content())} for i in order]
     return group
 
 
@@ -55,12 +69,15 @@ def transcripts(draw: st.DrawFn, max_groups: int = 30) -> list[dict[str, Any]]:
         msgs.append({"role": "system", "content": draw(sized)})
     msgs += draw(opening())
     msgs.append({"role": "user", "content": draw(sized)})
+    kinds = ["user", "assistant", "tools", "tools", "tools", "system", "developer"]
     for n in range(draw(st.integers(0, max_groups))):
-        kind = draw(st.sampled_from(["user", "assistant", "tools", "tools"]))
+        kind = draw(st.sampled_from(kinds))
         if kind == "tools":
             msgs += draw(tool_group(n))
         else:
-            msgs.append({"role": kind, "content": draw(sized)})
+            msgs.append({"role": kind, "content": draw(any_content())})
+            if kind == "user" and draw(st.integers(0, 3)) == 0:
+                msgs[-1]["name"] = "customer"
     if draw(st.booleans()):  # a trailing call nobody answered yet
         msgs.append(
             {

@@ -47,6 +47,14 @@ def origins(transcript: Sequence[Message], out: Sequence[Message]) -> list[int]:
     return found
 
 
+def latest_origins(transcript: Sequence[Message], out: Sequence[Message]) -> list[int]:
+    """`origins` matched from the end: each message at its latest possible index (equal
+    messages, an empty system message twice, make the earliest match ambiguous)."""
+    n = len(transcript)
+    flipped = origins(transcript[::-1], out[::-1])
+    return [-1 if o < 0 else n - 1 - o for o in flipped[::-1]]
+
+
 def check(
     policy: ContextPolicy,
     transcript: Sequence[Message],
@@ -66,7 +74,7 @@ def check(
     assert tokens / pressure <= budget, f"{tokens} tokens over budget {budget}"
     validate(out)  # every tool result still answers the assistant message right before it
     where = origins(transcript, out)
-    _check_pairs(transcript, out, where)
+    _check_pairs(transcript, out, where, latest_origins(transcript, out))
     head = policy.head(transcript)
     kept = set(where)
     lost = [i for i in range(head.end) if head.protects(i) and i not in kept]
@@ -75,17 +83,43 @@ def check(
         assert head.task in kept and out[where.index(head.task)] == transcript[head.task], (
             "the task (first user message) was not kept as it was"
         )
+    _check_latest_request(transcript, prepared, counter, model)
     a, b = groups(transcript)[-1] if transcript else (0, 0)
-    assert where[-(b - a) :] == list(range(a, b)) if b > a else True, "last turn group not kept"
+    last = latest_origins(transcript, out)[-(b - a) :] if b > a else []
+    assert last == list(range(a, b)), "last turn group not kept"
     if counter.count(transcript, tools, model) / pressure <= policy.trigger * budget:
         assert out == list(transcript), "changed although under the trigger"
 
 
-def _check_pairs(transcript: Sequence[Message], out: Sequence[Message], where: list[int]) -> None:
-    kept = set(where)
+def _check_latest_request(
+    transcript: Sequence[Message], prepared: Prepared, counter: TokenCounter, model: str | None
+) -> None:
+    """The user's latest message is kept unless a summary folds it in or it is large."""
+    report = prepared.report
+    assert report is not None
+    last = max((i for i, m in enumerate(transcript) if m.get("role") == "user"), default=None)
+    if last is None or transcript[last] in prepared.messages:
+        return
+    summary = report["summary"]
+    folded = summary is not None and summary["upto"] > last
+    small = counter.count([transcript[last]], (), model) <= 0.1 * report["target_tokens"]
+    assert folded or not small, f"the user's latest message ({last}) was dropped"
+
+
+def _check_pairs(
+    transcript: Sequence[Message], out: Sequence[Message], *matchings: list[int]
+) -> None:
+    """No turn group is split, under one of the ways to match the output to the transcript."""
+    errors = [_split(transcript, set(where)) for where in matchings]
+    assert None in errors, errors[0]
+
+
+def _split(transcript: Sequence[Message], kept: set[int]) -> str | None:
     for a, b in groups(transcript):
         present = [i in kept for i in range(a, b)]
-        assert all(present) or not any(present), f"turn group [{a}, {b}) split"
+        if any(present) and not all(present):
+            return f"turn group [{a}, {b}) split"
+    return None
 
 
 def assert_justified(e: DoesNotFit) -> None:

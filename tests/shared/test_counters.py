@@ -77,6 +77,43 @@ def test_heuristic_plain_message() -> None:
     assert HeuristicCounter(2.0, 0).count_message({"role": "tool", "content": "abcdef"}) == 5
 
 
+SCRIPTS = {
+    "zh": "我想修改我的航班预订，请帮我查询一下明天从北京到上海的航班。",  # noqa: RUF001
+    "ja": "明日の東京から大阪への便を予約したいのですが、空席はありますか。",
+    "ko": "내일 서울에서 부산으로 가는 항공편을 예약하고 싶습니다. ",
+    "ru": "Я хотел бы изменить бронирование моего рейса на завтра. ",
+    "ar": "أريد تغيير حجز رحلتي إلى الغد من فضلك. ",
+    "hi": "मैं कल के लिए अपनी उड़ान की बुकिंग बदलना चाहता हूं। ",
+    "emoji": "😀🎉🔥👍🏽🚀 ",
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_heuristic_does_not_undercount_other_scripts(tiktoken_dir: Path, script: str) -> None:
+    """Text beyond ASCII is not counted at 3.5 characters a token (2-10x under for CJK and
+    emoji, so prompts overflowed): the estimate stays within 5% of cl100k_base or above it,
+    and above o200k_base."""
+    text = SCRIPTS[script] * 100
+    message = {"role": "user", "content": text}
+    estimate = HeuristicCounter().count_message(message)
+    for encoding, slack in (("cl100k_base", 1.05), ("o200k_base", 1.0)):
+        exact = TiktokenCounter(encoding, per_message=4, directory=tiktoken_dir)
+        assert exact.count_message(message) <= estimate * slack, encoding
+
+
+def test_heuristic_ascii_counts_as_before() -> None:
+    """ASCII text still counts ceil(chars / chars_per_token), tool specs included."""
+    counter = HeuristicCounter()
+    assert counter.count_message({"role": "user", "content": "x" * 100}) == math.ceil(104 / 3.5) + 4
+
+
+def test_a_refusal_counts_as_its_text() -> None:
+    """An assistant refusal (content null) counts its `refusal` text as content."""
+    counter = HeuristicCounter(chars_per_token=1.0, per_message=0)
+    refusal = {"role": "assistant", "content": None, "refusal": "no", "tool_calls": None}
+    assert counter.count_message(refusal) == len("assistant") + 2
+
+
 def test_heuristic_counts_every_field() -> None:
     """name, tool_call_id, call names and arguments count as characters; each call adds 8."""
     counter = HeuristicCounter(chars_per_token=1.0, per_message=0, per_tool_call=8)

@@ -109,6 +109,41 @@ def fresh_encodings() -> Iterator[None]:
     get_settings.cache_clear()
 
 
+class EndpointCounter:
+    """Like a provider's count-tokens endpoint or a chat template: it refuses no messages
+    and a conversation that does not open with a user message."""
+
+    def count(
+        self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
+    ) -> float:
+        if not messages or messages[0]["role"] not in ("system", "user"):
+            raise ValueError("the first message must be a user message")
+        return 0.5 + sum(len(str(m.get("content") or "")) / 4 for m in messages)
+
+
+def test_a_count_only_counter_that_refuses_no_messages() -> None:
+    """A counter that cannot count no messages gets no per-request base (it over-counts),
+    fractional counts round up, and one that cannot count a message alone is a ConfigError
+    saying so, not its own exception."""
+    counter = per_message(EndpointCounter())
+    user = {"role": "user", "content": "x" * 40}
+    assert counter.count_message(user) == 11 and counter.count([user]) == 11
+    with pytest.raises(ConfigError, match="on its own"):
+        counter.count_message({"role": "assistant", "content": "hi"})
+
+
+def test_a_count_that_is_not_a_number_is_a_config_error() -> None:
+    """A count that is not a number >= 0 (here negative) is refused, typed."""
+
+    class Negative:
+        def count(self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (),
+                  model: str | None = None) -> int:  # fmt: skip
+            return -1
+
+    with pytest.raises(ConfigError, match="must return a number"):
+        per_message(Negative()).count([{"role": "user", "content": "hi"}])
+
+
 def test_tiktoken_counter_finds_prefit_tiktoken_dir(
     tiktoken_dir: Path, fresh_encodings: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -329,3 +329,20 @@ def _agent(turns: int, tag: str = "") -> list[Message]:
         if i % 4 == 3:
             msgs.append({"role": "user", "content": f"{tag} go on {i}"})
     return msgs
+
+
+def test_the_latest_request_kept_between_two_runs(loop: asyncio.AbstractEventLoop) -> None:
+    """A follow-up request amid tool turns (some truncated, some cleared) is kept by both
+    paths alike, turn by turn, with one marker on each side of it once both sides go."""
+    follow_up: Message = {"role": "user", "content": "now also update the docs"}
+    work = [m for m in _agent(37) if m["role"] != "user"]  # tool turns only
+    msgs = [*_agent(12), follow_up, *work[1:]]
+    split = 0
+    for window in (3_000, 4_000, 8_000):
+        fast, slow = twins(window, HeuristicCounter(), reserve_output=500)
+        replay(loop, fast, slow, msgs)
+        out = _run(loop, fast, msgs)
+        assert isinstance(out, Prepared) and follow_up in out.messages
+        markers = [m for m in out.messages if "were dropped here" in str(m["content"])]
+        split += len(markers) == 2
+    assert split > 0

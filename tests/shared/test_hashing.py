@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 
+import pytest
 import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.errors import InvalidTranscript
 from shared.hashing import (
     EMPTY,
     chain_step,
@@ -71,3 +73,15 @@ def test_lua_chain_equals_python(redis_url: str, texts: list[str]) -> None:
     finally:
         client.close()
     assert [h.decode() for h in raw] == prefix_hashes(msgs)[1:]
+
+
+def test_a_message_without_canonical_encoding_is_a_typed_error() -> None:
+    """A lone surrogate (JSON's `\\ud800` escape) or a non-JSON value raises
+    InvalidTranscript with its index, as the store refuses it, not UnicodeEncodeError."""
+    ok = {"role": "user", "content": "fine"}
+    for bad in ({"role": "user", "content": "cut emoji \ud83d"}, {"role": "user", "content": {1}}):
+        with pytest.raises(InvalidTranscript) as exc:
+            prefix_hashes([ok, bad])
+        assert exc.value.index == 1
+        with pytest.raises(InvalidTranscript):
+            prefix_hash([ok, bad])

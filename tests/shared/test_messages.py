@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from shared.errors import InvalidTranscript
+from shared.errors import InvalidRequest, InvalidTranscript
 from shared.head import head_end
 from shared.messages import groups, validate
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
@@ -181,3 +181,24 @@ def test_every_real_transcript_is_valid(path: Any) -> None:
     msgs = load_transcript(path)["messages"]
     assert validate(msgs) == msgs
     assert sum(b - a for a, b in groups(msgs)) == len(msgs)
+
+
+def test_groups_refuse_what_is_not_a_transcript() -> None:
+    """A non-object message or a negative start raises a typed error, not AttributeError."""
+    with pytest.raises(InvalidTranscript) as exc:
+        groups([{"role": "user", "content": "a"}, "b"])
+    assert exc.value.index == 1
+    with pytest.raises(InvalidRequest):
+        groups([{"role": "user", "content": "a"}], -1)
+
+
+def test_a_refusal_sent_back_as_it_came_is_valid() -> None:
+    """OpenAI returns a refusal as content null plus `refusal` (model_dump() adds null
+    tool_calls, audio...): sent back, it is a valid assistant turn; null content with no
+    refusal, calls or audio is still refused."""
+    refusal = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    refusal |= {"tool_calls": None, "function_call": None, "audio": None, "annotations": []}
+    msgs = [{"role": "user", "content": "x"}, refusal, {"role": "user", "content": "ok"}]
+    assert validate(msgs) == msgs
+    with pytest.raises(InvalidTranscript, match="null"):
+        validate([msgs[0], {**refusal, "refusal": ""}])

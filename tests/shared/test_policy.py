@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.calibration import ScaledCounter
-from shared.counters import HeuristicCounter
-from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, UnknownModel
+from shared.calibration import CalibratedCounter, ScaledCounter
+from shared.counters import HeuristicCounter, TiktokenCounter
+from shared.errors import (
+    ConfigError,
+    DoesNotFit,
+    InvalidTranscript,
+    RetryableLLMError,
+    UnknownModel,
+)
 from shared.hashing import prefix_hashes
 from shared.llm import Completion
 from shared.messages import Message, groups
@@ -412,3 +419,75 @@ def test_a_recounted_policy_prepares_as_a_new_one_would() -> None:
             fresh = run(ContextPolicy(12_000, counter=counter).prepare(msgs[:n], **kw))
             assert (got.messages, got.report) == (fresh.messages, fresh.report)
     assert kept.counter is COUNTER
+
+
+def test_observe_refuses_what_was_not_a_request(tiktoken_dir: Path) -> None:
+    """An empty or malformed `sent` is refused (typed) and leaves the ratio alone: a counter
+    with per-request priming would otherwise read a request of no messages as 3x off."""
+    policy = ContextPolicy(8000, counter=CalibratedCounter(TiktokenCounter(directory=tiktoken_dir)))
+    for sent in ([], None, "hello", [{"role": "user", "content": 5}]):
+        with pytest.raises(InvalidTranscript):
+            policy.observe("m", sent, [], 100)  # type: ignore[arg-type]
+    assert policy.counter.ratio("m") == 1.0  # type: ignore[attr-defined]
+
+
+class WordySummarizer(CountingSummarizer):
+    """A summarizer whose summaries are far over `max_tokens`."""
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        await super().summarize(previous, messages, max_tokens=max_tokens)
+        return Completion(text="word " * 3000, input_tokens=10, output_tokens=5, cost=0.01)
+
+
+def test_a_summary_too_big_for_the_window_is_left_out() -> None:
+    """A record (or an inline summary) bigger than the cut-able rest of a small window does
+    not make prepare refuse what fits without it: the turns are cut without the summary, and
+    a summary paid for is still handed back."""
+    msgs = chat(40)
+    upto = 2 + 3 * 20
+    record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "word " * 2000)
+    policy = ContextPolicy(4_000, counter=COUNTER, reserve_output=1_000)
+    out = run(policy.prepare(msgs, book=SummaryBook([record])))
+    assert out.report["summary"] is None and out.report["tokens_after"] <= 3_000
+    check(policy, msgs, out, counter=COUNTER)
+    inline = ContextPolicy(
+        4_000, counter=COUNTER, reserve_output=1_000, summarizer=WordySummarizer()
+    )
+    out = run(inline.prepare(msgs, book=SummaryBook()))
+    assert out.report["summary"] is None and out.new_summaries and out.cost > 0
+
+
+class FailingSummarizer:
+    """A summarizer whose provider is rate-limiting."""
+
+    name = "failing"
+
+    async def summarize(
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+    ) -> Completion:
+        raise RetryableLLMError("429 from the summarizer's provider", retry_after=30)
+
+
+def test_a_failing_summarizer_does_not_fail_the_request() -> None:
+    """A summarizer's 429 or timeout leaves the cut to the strategies after Summarize: the
+    prompt fits, no summary, and the report says a summary is due (stale)."""
+    msgs = chat(60)
+    policy = ContextPolicy(8_000, counter=COUNTER, summarizer=FailingSummarizer())
+    out = run(policy.prepare(msgs))
+    check(policy, msgs, out, counter=COUNTER)
+    assert out.report["summary"] is None and out.report["stale"] is True
+    assert out.report["dropped_groups"] > 0 and not out.new_summaries
+
+
+def test_a_window_that_is_not_a_number_is_a_config_error() -> None:
+    """max_input_tokens that is neither an int nor a function, or a function answering
+    something other than a number (None for a model it does not know), is a ConfigError."""
+    for window in (None, "8000", 8000.5, True):
+        with pytest.raises(ConfigError):
+            ContextPolicy(window)  # type: ignore[arg-type]
+    for answer in (None, "abc", float("nan"), True):
+        with pytest.raises(ConfigError, match="must be a number"):
+            ContextPolicy(lambda model, a=answer: a).budget("m")  # type: ignore[misc]
+    assert ContextPolicy(lambda model: 8000.7).budget("m") == 8000 - 4096

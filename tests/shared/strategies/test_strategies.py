@@ -94,6 +94,27 @@ def test_drop_oldest_removes_whole_groups_until_target() -> None:
     assert kept_ids == [f"c{i}" for i in range(30 - len(kept_ids), 30)]
 
 
+def test_drop_oldest_keeps_the_latest_user_request() -> None:
+    """A follow-up request the agent then worked on for many turns stays, between two
+    markers, when groups on both sides of it must go."""
+    follow_up = {"role": "user", "content": "now also update the docs"}
+    msgs = [*agent(10), follow_up, *agent(20)[2:]]
+    work = apply(DropOldest(), work_for(msgs, window=3000))
+    assert follow_up in work.messages and work.tokens() <= work.limits.target
+    at = work.messages.index(follow_up)
+    markers = [p for p, m in enumerate(work.messages) if "were dropped" in str(m["content"])]
+    assert markers == [2, at + 1] and work.messages[-6:] == msgs[-6:]
+    assert work.dropped_messages == len(msgs) - len(work.messages) + 2
+
+
+def test_drop_oldest_may_drop_a_huge_latest_request() -> None:
+    """A latest request larger than a quarter of the target (a pasted log) may go."""
+    pasted = {"role": "user", "content": "log " * 2000}
+    msgs = [*agent(10), pasted, *agent(20)[2:]]
+    work = apply(DropOldest(), work_for(msgs, window=6000))
+    assert pasted not in work.messages and work.tokens() <= work.limits.target
+
+
 @pytest.mark.parametrize(
     "make",
     [
