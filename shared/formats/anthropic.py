@@ -222,6 +222,9 @@ def _assistant_content(m: Message, i: int) -> str | list[dict[str, Any]]:
     content = m.get("content")
     calls = m.get("tool_calls") or []
     if not calls:
+        if not content and isinstance(m.get("refusal"), str):
+            # An OpenAI refusal has null content; Anthropic refuses an empty assistant turn.
+            return str(m["refusal"])
         return _content(content if content is not None else "", i)
     if content is None or content == "":
         parts: list[dict[str, Any]] = []

@@ -546,3 +546,15 @@ def test_system_messages_among_the_messages_stay_there_in_place() -> None:
     with pytest.raises(InvalidTranscript) as err:  # a system message cuts a tool pair
         from_anthropic(None, [msgs[2], msgs[4], msgs[3]])
     assert err.value.index == 2
+
+
+def test_an_openai_refusal_converts_to_its_text() -> None:
+    """An assistant refusal (null content, `refusal` text) becomes a non-empty Anthropic turn."""
+    messages = [
+        {"role": "user", "content": "do something forbidden"},
+        {"role": "assistant", "content": None, "refusal": "I can't help with that."},
+        {"role": "user", "content": "fine, something else"},
+    ]
+    validate(messages)
+    _, converted = to_anthropic(messages)
+    assert converted[1] == {"role": "assistant", "content": "I can't help with that."}
