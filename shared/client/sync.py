@@ -161,7 +161,12 @@ class PrefitClient(Retrying):
         attempt = 0
         while True:
             try:
-                response = self._http.request(call.method, call.path, json=call.body)
+                response = self._http.request(
+                    call.method,
+                    call.path,
+                    json=call.body,
+                    timeout=self._timeout(call, self._http.timeout),
+                )
             except httpx.TransportError as exc:
                 delay: float | None = self._retry_transport(call, exc, attempt)
             else:

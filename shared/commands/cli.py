@@ -178,7 +178,7 @@ def _encodings(ns: argparse.Namespace, settings: Settings) -> int:
         return 2
     try:
         installed = install_encodings(into, ns.source, ns.names or None)
-    except PrefitError as exc:
+    except (PrefitError, OSError) as exc:  # OSError: a folder it cannot write to
         print(f"prefit encodings: {exc}", file=sys.stderr)
         return 1
     for enc in installed:
@@ -213,7 +213,10 @@ def _inspect(argv: list[str]) -> int:
 
 
 def _positive(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return number

@@ -24,6 +24,8 @@ from shared.client import sync as sync_module
 from shared.errors import (
     ConfigError,
     DoesNotFit,
+    InvalidId,
+    InvalidRequest,
     InvalidTranscript,
     LengthMismatch,
     NotFound,
@@ -89,10 +91,10 @@ def test_append_sends_the_contract_body_and_parses_the_result() -> None:
     rec = Recorder(httpx.Response(200, json=APPENDED))
     with _client(rec) as c:
         msgs = [{"role": "user", "content": "hi"}]
-        result = c.append("a/b c", msgs, model="m", expected_length=2, max_input_tokens=1000)
+        result = c.append("Chat-1.v2_x", msgs, model="m", expected_length=2, max_input_tokens=1000)
     assert result == AppendResult("c1", 3, 42, 30, "under")
     req = rec.requests[0]
-    assert (req.method, req.url.raw_path) == ("POST", b"/v1/conversations/a%2Fb%20c/messages")
+    assert (req.method, req.url.raw_path) == ("POST", b"/v1/conversations/Chat-1.v2_x/messages")
     assert req.headers["Authorization"] == "Bearer key-1"
     assert rec.body() == {
         "messages": msgs,
@@ -127,6 +129,59 @@ def test_system_without_anthropic_format_is_refused_before_sending() -> None:
     rec = Recorder(httpx.Response(200, json=APPENDED))
     with _client(rec) as c, pytest.raises(ConfigError):
         c.append("c1", [], model="m", system="s")
+    assert rec.requests == []
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "a/b", "a:b", "{x}", "", "é", "-a", "x" * 129])
+def test_an_id_the_service_refuses_is_refused_before_sending(bad: str) -> None:
+    """Ids outside the service's alphabet raise InvalidId and send nothing: '..' would
+    otherwise be resolved by httpx into POST /v1/messages, the Anthropic proxy."""
+    rec = Recorder(httpx.Response(200, json=APPENDED))
+    with _client(rec) as c:
+        for method in (c.get, c.delete):
+            with pytest.raises(InvalidId, match="invalid conversation id"):
+                method(bad)
+        with pytest.raises(InvalidId):
+            c.append(bad, [{"role": "user", "content": "x"}], model="m")
+        with pytest.raises(InvalidId):
+            c.prepare(bad, model="m")
+    assert rec.requests == []
+
+
+def test_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
+    """A prepare that lets the service wait `wait_ms` reads for that much longer, so the
+    wait is not cut by the client's timeout (and then repeated by its retries)."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+    with _client(rec, timeout=2.0) as c:
+        c.prepare("c1", model="m", wait_ms=5000)
+        c.prepare("c1", model="m")
+        c.prepare_messages([{"role": "user", "content": "x"}], model="m")
+    reads = [r.extensions["timeout"]["read"] for r in rec.requests]
+    assert reads == [7.0, 2.0, 2.0]
+
+
+def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
+    """The async client reads a waiting prepare for `wait_ms` longer too."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(rec)
+        async with AsyncPrefitClient("http://p.test", timeout=1.0, transport=transport) as c:
+            await c.prepare("c1", model="m", wait_ms=2500)
+
+    asyncio.run(scenario())
+    assert rec.requests[0].extensions["timeout"]["read"] == 3.5
+
+
+@pytest.mark.parametrize("pressure", [float("nan"), float("inf")])
+def test_a_pressure_that_is_not_json_is_a_typed_error(pressure: float) -> None:
+    """NaN or infinite pressure raises InvalidRequest (not a bare ValueError), sending nothing."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+    with _client(rec) as c:
+        with pytest.raises(InvalidRequest, match="pressure"):
+            c.prepare("c1", model="m", pressure=pressure)
+        with pytest.raises(InvalidRequest, match="pressure"):
+            c.prepare_messages([{"role": "user", "content": "x"}], model="m", pressure=pressure)
     assert rec.requests == []
 
 

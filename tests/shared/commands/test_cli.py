@@ -83,6 +83,15 @@ def test_subcommands_parse_their_options() -> None:
         assert exit_.value.code == 2
 
 
+def test_a_count_that_is_not_a_number_is_named_plainly(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--window abc` says a positive integer is wanted, not "invalid _positive value"."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["demo", "--generate", "--window", "abc"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "argument --window: must be a positive integer, got 'abc'" in err, err
+
+
 def test_up_takes_the_old_workers_flag_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -36,6 +36,27 @@ def test_unreadable_file_is_a_clear_error(
     assert "message 0: unknown role 'wizard'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe not text", "can't decode byte 0xff"),
+        (b"5", "expected {'messages': [...]} or a list of messages"),
+        (b'{"tools": []}', "expected {'messages': [...]} or a list of messages"),
+        (b"# a README", "Expecting value"),
+    ],
+)
+def test_a_file_that_is_not_a_transcript_is_a_clear_error(
+    content: bytes, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bytes that are not UTF-8, or JSON that is not a transcript, exit 2 naming the file and
+    the reason, not with a traceback."""
+    path = tmp_path / "odd.json"
+    path.write_bytes(content)
+    assert main([str(path), "--window", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prefit inspect: cannot read {path}: ") and reason in err, err
+
+
 @needs_transcripts
 def test_real_transcript_with_exact_counter(
     capsys: pytest.CaptureFixture[str], tiktoken_dir: Path
