@@ -15,6 +15,7 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,7 +30,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from shared.commands.redisproc import RedisProcess, reachable
-from shared.errors import PrefitError, StoreUnavailable
+from shared.errors import ConfigError, PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.settings import Settings
 
@@ -234,10 +235,11 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
     redis: RedisProcess | None = None
     with sup.signals(), metrics_dir(opts.workers) as metrics:
         try:
+            check_listen(opts.host, opts.port)
             redis_url = settings.redis_url
             if "redis_url" not in settings.model_fields_set:
                 if opts.redis_dir is not None:
-                    opts.redis_dir.mkdir(parents=True, exist_ok=True)
+                    _make_dir(opts.redis_dir)
                 redis = RedisProcess(appendonly=opts.redis_dir is not None, dir=opts.redis_dir)
                 redis_url = redis.start().url
             elif not reachable(redis_url, timeout=2.0):
@@ -261,6 +263,33 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
             if redis is not None:
                 redis.stop()
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise `ConfigError` unless the API could listen on `host:port` now.
+
+    Checked before anything starts: on a port another server holds, uvicorn would exit, be
+    restarted over and over, and the readiness check would be answered by the other server.
+    """
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"port {port} is not a TCP port (1-65535): set --port or PREFIT_PORT")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} (another `prefit up` or "
+            "server there?); choose another with --port or PREFIT_PORT"
+        ) from None
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--redis-dir {path}: cannot make the folder ({exc.strerror or exc})") from None
 
 
 # prometheus_client's own variable: its children then keep their metrics in files there
