@@ -92,6 +92,32 @@ def test_a_count_that_is_not_a_number_is_named_plainly(capsys: pytest.CaptureFix
     assert "argument --window: must be a positive integer, got 'abc'" in err, err
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("PREFIT_MODELS", "{bad", 'error parsing value for field "models"'),
+        (
+            "PREFIT_MODELS",
+            '{"m": {"max_input_tokens": -5}}',
+            "models.m.max_input_tokens (PREFIT_MODELS): Input should be greater than 0",
+        ),
+        ("PREFIT_PORT", "abc", "port (PREFIT_PORT): Input should be a valid integer"),
+    ],
+)
+def test_a_malformed_setting_is_one_line_not_a_traceback(
+    name: str,
+    value: str,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every command reads the settings first: a bad one exits 2 naming it."""
+    monkeypatch.setenv(name, value)
+    assert cli.main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefit: invalid settings: ") and said in err, err
+
+
 def test_up_takes_the_old_workers_flag_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

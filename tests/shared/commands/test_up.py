@@ -353,3 +353,29 @@ def test_up_names_a_redis_dir_it_cannot_make(
     out = io.StringIO()
     assert service.run_up(opts, Settings(), {}, out) == 2
     assert f"--redis-dir {blocker}: cannot make the folder" in out.getvalue()
+
+
+def test_up_stops_when_the_api_never_starts(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    """An API that exits again and again before it ever answers (a configuration it refuses)
+    ends `up` with exit 2 and says so, instead of restarting it forever."""
+    monkeypatch.setattr(service, "worker_argv", lambda settings: SLEEPER)
+    monkeypatch.setattr(service, "api_argv", lambda *a: QUITTER)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    fast = Backoff(first_s=0.05, max_s=0.2, stable_s=60.0)
+    out = io.StringIO()
+    opts = UpOptions("127.0.0.1", free_port(), grace_s=2, backoff=fast)
+    assert service.run_up(opts, Settings(), {}, out) == 2
+    assert "the API exited 3 times before it answered (last exit code 3)" in out.getvalue()
+
+
+@pytest.mark.parametrize("url", ["", "http://h:1", "redis://127.0.0.1:99999"])
+def test_up_names_a_redis_url_that_is_not_one(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A REDIS_URL redis-py cannot parse is a one-line error (exit 2), not a traceback."""
+    spawned: list[str] = []
+    monkeypatch.setattr(Supervisor, "spawn", _spawn_and_stop(spawned))
+    monkeypatch.setenv("REDIS_URL", url)
+    out = io.StringIO()
+    assert service.run_up(UpOptions("127.0.0.1", free_port()), Settings(), {}, out) == 2
+    assert spawned == [] and "is not a Redis URL" in out.getvalue(), out.getvalue()
