@@ -100,11 +100,12 @@ class AsyncPrefitClient(Retrying):
         model: str,
         tools: Sequence[ToolSpec] = (),
         pressure: float = 1.0,
-        wait_ms: int = 0,
+        wait_ms: int | None = None,
         max_input_tokens: int | None = None,
         format: Format = "openai",
     ) -> PreparedPrompt:
-        """The prompt to send now for a stored conversation."""
+        """The prompt to send now for a stored conversation; `wait_ms` (None: the service's
+        PREFIT_DEFAULT_WAIT_MS) lets it wait that long for a due summary."""
         return await self._call(
             prepare_call(conv_id, model, tools, pressure, wait_ms, max_input_tokens, format)
         )

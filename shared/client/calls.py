@@ -242,11 +242,13 @@ def prepare_call(
     model: str,
     tools: Sequence[ToolSpec],
     pressure: float,
-    wait_ms: int,
+    wait_ms: int | None,
     max_input_tokens: int | None,
     format: str,
 ) -> Call[PreparedPrompt]:
-    body: dict[str, Any] = {"model": model, "pressure": _finite(pressure), "wait_ms": wait_ms}
+    body: dict[str, Any] = {"model": model, "pressure": _finite(pressure)}
+    if wait_ms is not None:  # else the service's PREFIT_DEFAULT_WAIT_MS applies
+        body["wait_ms"] = wait_ms
     if tools:
         body["tools"] = list(tools)
     if max_input_tokens is not None:

@@ -173,6 +173,17 @@ def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
     assert rec.requests[0].extensions["timeout"]["read"] == 3.5
 
 
+def test_prepare_without_wait_ms_leaves_the_wait_to_the_service() -> None:
+    """No wait_ms is sent unless given, so the operator's PREFIT_DEFAULT_WAIT_MS applies
+    (an explicit 0 would turn it off for every client user); a given 0 is sent."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+    with _client(rec) as c:
+        c.prepare("c1", model="m")
+        c.prepare("c1", model="m", wait_ms=0)
+    assert rec.body(0) == {"model": "m", "pressure": 1.0}
+    assert rec.body(1) == {"model": "m", "pressure": 1.0, "wait_ms": 0}
+
+
 @pytest.mark.parametrize("pressure", [float("nan"), float("inf")])
 def test_a_pressure_that_is_not_json_is_a_typed_error(pressure: float) -> None:
     """NaN or infinite pressure raises InvalidRequest (not a bare ValueError), sending nothing."""

@@ -113,6 +113,8 @@ def test_a_malformed_setting_is_one_line_not_a_traceback(
 ) -> None:
     """Every command reads the settings first: a bad one exits 2 naming it."""
     monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "get_settings", Settings)  # read now, not the process's cached
+    monkeypatch.setattr(cli, "run_up", lambda *a: pytest.fail("up started"))
     assert cli.main(["up"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("prefit: invalid settings: ") and said in err, err
