@@ -25,6 +25,14 @@ MSGS = [user("more")]
 Case = tuple[str, str, Any, dict[str, str], int, str, str]
 
 
+def nested(depth: int) -> dict[str, Any]:
+    """A tool whose parameter schema nests `depth` objects."""
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return {"type": "function", "function": {"name": "f", "parameters": schema}}
+
+
 def cases(model: str) -> dict[str, Case]:
     """Named bad requests and the answer each must get."""
     append, prepare = f"{CONV}/messages", f"{CONV}/prepare"
@@ -80,6 +88,20 @@ def cases(model: str) -> dict[str, Case]:
         "messages missing": (
             "put", CONV, {"model": model}, {}, 422, "InvalidTranscript", "messages: Field required",
         ),
+        "tools nested 300 deep (append)": (
+            "post", append, body(MSGS, model, tools=[nested(300)]), {}, 422,
+            "TooLarge", "nested deeper than 100 levels",
+        ),
+        "tools nested 300 deep (stateless prepare)": (
+            "post", "/v1/prepare", body(MSGS, model, tools=[nested(300)]), {}, 422,
+            "TooLarge", "tools[0].function.parameters.properties.a",
+        ),
+        "content nested 450 deep (observe)": (
+            "post", "/v1/observe",
+            {"model": model, "actual_prompt_tokens": 9,
+             "messages": [{"role": "user", "content": [[[[]]]] * 2 + [nested(450)]}]},
+            {}, 422, "TooLarge", "messages[0].content[2]",
+        ),
         "conversation id with a colon": (
             "get", "/v1/conversations/a:b", None, {}, 422,
             "InvalidId", "invalid conversation id 'a:b': use 1-128 letters",
@@ -120,6 +142,12 @@ def test_a_bad_request_gets_a_precise_4xx_and_changes_nothing(
         assert (r.status_code, r.json()["error"]["type"]) == (status, kind), r.text
         assert part in r.json()["error"]["message"], r.text
         assert same_store(before, dump(store.client, tenant)) == [], name
+
+
+def test_a_tool_schema_of_real_depth_is_accepted(client: TestClient, model: str) -> None:
+    """Nesting well inside the limit (30 levels) is stored as usual."""
+    r = client.post(f"{CONV}-deep/messages", json=body(MSGS, model, tools=[nested(30)]))
+    assert r.status_code == 200, r.text
 
 
 def test_an_empty_first_append_is_refused_as_empty(client: TestClient, model: str) -> None:
