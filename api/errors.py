@@ -161,7 +161,9 @@ def _from_validation(exc: RequestValidationError) -> PrefitError:
     if loc[0] == "messages" and len(loc) > 1 and isinstance(loc[1], int):
         detail = ".".join(str(p) for p in loc[2:])
         return InvalidTranscript(f"{detail + ': ' if detail else ''}{msg}", loc[1])
-    if loc[0] in ("messages", "tools", "system"):
+    if loc[0] == "system":  # a union: pydantic names its branches ('system.str')
+        return InvalidTranscript("system: must be a string or a list of content blocks")
+    if loc[0] in ("messages", "tools"):
         return InvalidTranscript(f"{where}: {msg}")
     return InvalidRequest(f"{where}: {msg}")
 

@@ -102,6 +102,10 @@ def cases(model: str) -> dict[str, Case]:
              "messages": [{"role": "user", "content": [[[[]]]] * 2 + [nested(450)]}]},
             {}, 422, "TooLarge", "messages[0].content[2]",
         ),
+        "system a number": (
+            "put", CONV, {**body(chat(1), model), "format": "anthropic", "system": 5}, {}, 422,
+            "InvalidTranscript", "system: must be a string or a list of content blocks",
+        ),
         "conversation id with a colon": (
             "get", "/v1/conversations/a:b", None, {}, 422,
             "InvalidId", "invalid conversation id 'a:b': use 1-128 letters",
