@@ -173,7 +173,8 @@ def _bad_body(first: dict[str, Any]) -> InvalidRequest:
     if first.get("type") == "missing":
         return InvalidRequest("request body is missing: send a JSON object")
     got = type(first.get("input")).__name__
-    kind = {"list": "an array", "str": "a string", "NoneType": "null"}.get(got, f"a {got}")
+    names = {"list": "an array", "str": "a string", "NoneType": "null", "bool": "a boolean"}
+    kind = names.get(got, "a number")
     return InvalidRequest(f"request body must be a JSON object, got {kind}")
 
 

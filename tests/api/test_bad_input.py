@@ -78,6 +78,10 @@ def cases(model: str) -> dict[str, Case]:
             "put", CONV, [1, 2], {}, 422,
             "InvalidRequest", "request body must be a JSON object, got an array",
         ),
+        "body a number": (
+            "post", prepare, 5, {}, 422,
+            "InvalidRequest", "request body must be a JSON object, got a number",
+        ),
         "no body": (
             "post", prepare, None, {}, 422, "InvalidRequest", "request body is missing",
         ),
