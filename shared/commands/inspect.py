@@ -10,7 +10,7 @@ from pathlib import Path
 
 from shared.commands.demo import load_conversation
 from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
-from shared.errors import PrefitError
+from shared.errors import ConfigError, PrefitError
 from shared.extractive import ExtractiveSummarizer
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy
@@ -102,6 +102,17 @@ def render(
     return "\n".join(out)
 
 
+def _counter(kind: str) -> TokenCounter:
+    """The counter asked for; `ConfigError` when tiktoken's files cannot be loaded."""
+    if kind != "tiktoken":
+        return HeuristicCounter()
+    try:
+        directory = Settings().tiktoken_dir
+    except ValueError as exc:  # pydantic's errors: a malformed PREFIT_* variable
+        raise ConfigError(f"invalid settings: {exc}") from None
+    return TiktokenCounter(directory=directory)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`prefit inspect FILE --window N [--model M] [--counter tiktoken|heuristic]`."""
     parser = argparse.ArgumentParser(prog="prefit inspect", description=__doc__)
@@ -114,18 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reserve-output", type=int, default=4096)
     parser.add_argument("--no-color", action="store_true")
     args = parser.parse_args(argv)
-    settings = Settings()
-    counter: TokenCounter = (
-        TiktokenCounter(directory=settings.tiktoken_dir)
-        if args.counter == "tiktoken"
-        else HeuristicCounter()
-    )
     try:  # a file that is not UTF-8 JSON is a ValueError (UnicodeDecodeError, JSONDecodeError)
         transcript, tools = load_conversation(args.file)
     except (OSError, ValueError) as exc:
         print(f"prefit inspect: cannot read {args.file}: {exc}", file=sys.stderr)
         return 2
     try:
+        counter = _counter(args.counter)
         policy = ContextPolicy(
             args.window,
             reserve_output=args.reserve_output,

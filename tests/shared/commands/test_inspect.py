@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from shared.commands import inspect as inspect_module
 from shared.commands.inspect import main
+from shared.errors import ConfigError
 from tests.conftest import needs_transcripts
 from tests.shared.strategies.test_strategies import agent
 
@@ -67,3 +69,18 @@ def test_real_transcript_with_exact_counter(
     path = TRANSCRIPTS / "mswea_gemini3pro__django__django-13933.json"
     assert main([str(path), "--window", "32000", "--counter", "tiktoken", "--no-color"]) == 0
     assert "132 messages" in capsys.readouterr().out
+
+
+def test_tiktoken_that_cannot_load_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--counter tiktoken without its files exits 2 with the loader's reason, no traceback."""
+
+    def unloadable(**_: object) -> None:
+        raise ConfigError("tiktoken cannot load encoding 'o200k_base' (offline)")
+
+    monkeypatch.setattr(inspect_module, "TiktokenCounter", unloadable)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"messages": agent(3)}))
+    assert main([str(path), "--window", "8000", "--counter", "tiktoken"]) == 2
+    assert "prefit inspect: tiktoken cannot load encoding" in capsys.readouterr().err
