@@ -376,9 +376,17 @@ def _build(cls: type[PrefitError], message: str, err: dict[str, Any]) -> PrefitE
     return exc
 
 
-def unreachable(base_url: str, exc: Exception) -> ServiceUnavailable:
-    """The error for a service that could not be reached after every retry."""
-    return ServiceUnavailable(f"prefit service at {base_url} unreachable ({type(exc).__name__})")
+def unreachable(base_url: str, exc: Exception, *, sent: bool = False) -> ServiceUnavailable:
+    """The error for a service that could not be reached after every retry; `sent`: the
+    request may have reached it (a timeout or a dropped connection after sending)."""
+    if not sent:
+        return ServiceUnavailable(
+            f"prefit service at {base_url} unreachable ({type(exc).__name__})"
+        )
+    return ServiceUnavailable(
+        f"no answer from the prefit service at {base_url} ({type(exc).__name__}): the request "
+        "may have been applied, so it was not repeated (an append with expected_length is)"
+    )
 
 
 def _int(err: dict[str, Any], key: str) -> int:

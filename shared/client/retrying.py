@@ -61,7 +61,8 @@ class Retrying:
     def _retry_transport(self, call: Call[Any], exc: httpx.TransportError, attempt: int) -> float:
         delay = self._delay(attempt, None)
         if delay is None or not (isinstance(exc, _NOT_SENT) or call.idempotent):
-            raise unreachable(self.base_url, exc) from exc
+            sent = not isinstance(exc, _NOT_SENT) and not call.idempotent
+            raise unreachable(self.base_url, exc, sent=sent) from exc
         log.info("client.retried", path=call.path, attempt=attempt + 1, error=type(exc).__name__)
         return delay
 
