@@ -39,6 +39,7 @@ from shared.logs import get_logger
 log = get_logger(__name__)
 
 RETRY_AFTER_S = 1
+ID_RULE = "use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit"
 
 # TooLarge raised inside the app is about counts and string sizes (422); body bytes get
 # their 413 from the BodyLimit middleware before the app runs.
@@ -109,8 +110,16 @@ async def on_prefit_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    error = _from_validation(exc)
-    response = await on_prefit_error(request, error)
+    if _not_json(exc):  # FastAPI hands the raw bytes on when the content-type is not JSON
+        kind = request.headers.get("content-type")
+        error = InvalidRequest(
+            "request body must be JSON sent with content-type: application/json, got "
+            + (f"content-type {kind[:80]!r}" if kind else "no content-type")
+        )
+        response = await on_prefit_error(request, error)
+        response.status_code = 415
+        return response
+    response = await on_prefit_error(request, _from_validation(exc))
     if _is_bad_json(exc):
         response.status_code = 400
     return response
@@ -118,6 +127,10 @@ async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
+    if exc.status_code == 400 and exc.__cause__ is not None:  # the body could not be decoded
+        response = await on_prefit_error(request, _undecodable(exc.__cause__))
+        response.status_code = 400
+        return response
     name = {404: "NotFound", 401: "Unauthorized"}.get(exc.status_code, "InvalidRequest")
     request_log(request).error = name
     body = {"error": {"type": name, "message": str(exc.detail)}}
@@ -136,18 +149,50 @@ def _from_validation(exc: RequestValidationError) -> PrefitError:
     """The first schema violation as a typed error: messages give their index."""
     first: dict[str, Any] = next(iter(exc.errors()), {})
     loc = [p for p in first.get("loc", ()) if p != "body"]
-    msg = str(first.get("msg", "invalid request"))
+    msg = str(first.get("msg", "invalid request")).removeprefix("Value error, ")
     if first.get("type") == "json_invalid":
         reason = (first.get("ctx") or {}).get("error", msg)
         return InvalidTranscript(f"request body is not valid JSON: {reason}")
-    where = ".".join(str(p) for p in loc) or "body"
-    if loc and loc[0] == "messages":
-        index = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else None
+    if loc and loc[0] == "path":
+        return InvalidId(f"invalid conversation id {str(first.get('input'))[:140]!r}: {ID_RULE}")
+    if not loc:
+        return _bad_body(first)
+    where = ".".join(str(p) for p in loc)
+    if loc[0] == "messages" and len(loc) > 1 and isinstance(loc[1], int):
         detail = ".".join(str(p) for p in loc[2:])
-        return InvalidTranscript(f"{detail + ': ' if detail else ''}{msg}", index)
-    if loc and loc[0] in ("tools", "system"):
+        return InvalidTranscript(f"{detail + ': ' if detail else ''}{msg}", loc[1])
+    if loc[0] == "system":  # a union: pydantic names its branches ('system.str')
+        return InvalidTranscript("system: must be a string or a list of content blocks")
+    if loc[0] in ("messages", "tools"):
         return InvalidTranscript(f"{where}: {msg}")
     return InvalidRequest(f"{where}: {msg}")
+
+
+def _bad_body(first: dict[str, Any]) -> InvalidRequest:
+    """The error for a body that is not an object at all (or absent)."""
+    if first.get("type") == "missing":
+        return InvalidRequest("request body is missing: send a JSON object")
+    got = type(first.get("input")).__name__
+    names = {"list": "an array", "str": "a string", "NoneType": "null", "bool": "a boolean"}
+    kind = names.get(got, "a number")
+    return InvalidRequest(f"request body must be a JSON object, got {kind}")
+
+
+def _undecodable(cause: BaseException) -> InvalidTranscript:
+    """The error for a JSON body the parser gave up on (FastAPI says only 'error parsing')."""
+    if isinstance(cause, UnicodeDecodeError):
+        why = f"it is not UTF-8 (byte {cause.start})"
+    elif isinstance(cause, RecursionError):
+        why = "it is nested too deeply"
+    else:
+        why = type(cause).__name__
+    return InvalidTranscript(f"request body is not valid JSON: {why}")
+
+
+def _not_json(exc: RequestValidationError) -> bool:
+    """Whether the body arrived as bytes: sent without a JSON content-type."""
+    first: dict[str, Any] = next(iter(exc.errors()), {})
+    return tuple(first.get("loc", ())) == ("body",) and isinstance(first.get("input"), bytes)
 
 
 def _is_bad_json(exc: RequestValidationError) -> bool:

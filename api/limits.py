@@ -106,7 +106,8 @@ async def _refuse(send: Send, status: int, error: dict[str, Any]) -> None:
 def check_sizes(
     fields: Iterable[tuple[str, Any]], *, max_messages: int, max_string_chars: int
 ) -> None:
-    """`TooLarge` naming the first list of messages or string over its limit.
+    """`TooLarge` naming the first list of messages or string over its limit, or the first
+    value nested deeper than `MAX_NESTING` (counting and copying recurse: a 500 otherwise).
 
     `fields` are `(name, value)` pairs of the request; `messages` is the one counted.
     """
@@ -115,28 +116,35 @@ def check_sizes(
             raise TooLarge(
                 f"messages: {len(value)} messages exceed the limit of {max_messages} per request"
             )
-        path = _long_string(name, value, max_string_chars)
-        if path is not None:
-            where, size = path
-            raise TooLarge(
-                f"{where}: a string of {size} characters exceeds the limit of "
-                f"{max_string_chars} characters"
-            )
+        excess = _excess(name, value, max_string_chars)
+        if excess is not None:
+            raise TooLarge(excess)
 
 
-def _long_string(name: str, value: Any, limit: int) -> tuple[str, int] | None:
-    """The path and size of the first string (or key) longer than `limit`; iterative."""
-    stack: list[tuple[str, Any]] = [(name, value)]
+MAX_NESTING = 100  # levels of arrays and objects in one field: real tool schemas use ~10
+
+
+def _excess(name: str, value: Any, limit: int) -> str | None:
+    """What is wrong with the first string (or key) longer than `limit`, or the first value
+    nested deeper than `MAX_NESTING`; iterative."""
+    stack: list[tuple[str, Any, int]] = [(name, value, 0)]
     while stack:
-        path, item = stack.pop()
+        path, item, depth = stack.pop()
         if isinstance(item, str):
             if len(item) > limit:
-                return path, len(item)
+                return _long(path, len(item), limit)
+        elif isinstance(item, dict | list) and depth >= MAX_NESTING:
+            return f"{path}: nested deeper than {MAX_NESTING} levels of arrays and objects"
         elif isinstance(item, dict):
             for k, v in reversed(list(item.items())):
                 if len(k) > limit:
-                    return f"{path}.{PLACEHOLDER}", len(k)
-                stack.append((f"{path}.{k}", v))
+                    return _long(f"{path}.{PLACEHOLDER}", len(k), limit)
+                stack.append((f"{path}.{k}", v, depth + 1))
         elif isinstance(item, list):
-            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+            pairs = reversed(list(enumerate(item)))
+            stack.extend((f"{path}[{i}]", v, depth + 1) for i, v in pairs)
     return None
+
+
+def _long(where: str, size: int, limit: int) -> str:
+    return f"{where}: a string of {size} characters exceeds the limit of {limit} characters"

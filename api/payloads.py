@@ -47,11 +47,13 @@ def validate_appended(context: Sequence[Message], new: Sequence[Message], *, for
     try:
         validate([*context, *new])
     except InvalidTranscript as exc:
-        if exc.index is None or exc.index < len(context):
+        # with nothing stored the fault is the request's own (an empty first append)
+        if context and (exc.index is None or exc.index < len(context)):
             raise InvalidTranscript(
                 f"does not continue the stored conversation: {exc.reason}"
             ) from None
-        index = exc.index - len(context) if format == "openai" else None
+        shifted = exc.index - len(context) if exc.index is not None else None
+        index = shifted if format == "openai" else None
         raise InvalidTranscript(exc.reason, index) from None
 
 

@@ -2,19 +2,31 @@
 
 Messages stay plain JSON objects: their validation is the core's (`shared.messages.validate`,
 `shared.formats.anthropic`), which names the failing message and the reason. Unknown fields are
-refused, so a misspelt `expected_length` cannot silently turn off the length check.
+refused, so a misspelt `expected_length` cannot silently turn off the length check. Numbers
+are not coerced from strings or booleans (`"5"` and `true` are refused, not read as 5 and 1).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 Format = Literal["openai", "anthropic"]
 System = str | list[dict[str, Any]] | None
 MAX_WAIT_MS = 60_000
 CONVERSATION_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+def _number(value: Any) -> Any:
+    """Refuse what pydantic's lax mode would read as a number: strings and booleans."""
+    if isinstance(value, str | bool):
+        raise ValueError(f"must be a JSON number, got {type(value).__name__}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_number)]
+Float = Annotated[float, BeforeValidator(_number)]
 
 
 class _Strict(BaseModel):
@@ -25,7 +37,7 @@ class _Model(_Strict):
     model: str = Field(
         min_length=1, max_length=256, description="model name (its window: PREFIT_MODELS)"
     )
-    max_input_tokens: int | None = Field(
+    max_input_tokens: Int | None = Field(
         default=None,
         gt=0,
         le=100_000_000,
@@ -45,7 +57,7 @@ class _Transcript(_Model):
 class AppendRequest(_Transcript):
     """`POST /v1/conversations/{id}/messages`: new turn(s) for the conversation."""
 
-    expected_length: int | None = Field(
+    expected_length: Int | None = Field(
         default=None, ge=0, description="refuse (409) unless the stored length is this"
     )
 
@@ -53,15 +65,15 @@ class AppendRequest(_Transcript):
 class ReplaceRequest(_Transcript):
     """`PUT /v1/conversations/{id}`: the whole conversation (edits, regenerations)."""
 
-    expected_length: int | None = Field(default=None, ge=0)
+    expected_length: Int | None = Field(default=None, ge=0)
 
 
 class PrepareStoredRequest(_Model):
     """`POST /v1/conversations/{id}/prepare`."""
 
     tools: list[dict[str, Any]] | None = None
-    pressure: float = Field(default=1.0, gt=0.0, le=1.0)
-    wait_ms: int | None = Field(
+    pressure: Float = Field(default=1.0, gt=0.0, le=1.0)
+    wait_ms: Int | None = Field(
         default=None, ge=0, le=MAX_WAIT_MS, description="wait this long for a due summary"
     )
 
@@ -69,7 +81,7 @@ class PrepareStoredRequest(_Model):
 class PrepareRequest(_Transcript):
     """`POST /v1/prepare`: stateless."""
 
-    pressure: float = Field(default=1.0, gt=0.0, le=1.0)
+    pressure: Float = Field(default=1.0, gt=0.0, le=1.0)
 
 
 class ObserveRequest(_Strict):
@@ -78,7 +90,7 @@ class ObserveRequest(_Strict):
     model: str = Field(min_length=1, max_length=256)
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
-    actual_prompt_tokens: int = Field(gt=0, le=100_000_000)
+    actual_prompt_tokens: Int = Field(gt=0, le=100_000_000)
     format: Format = "openai"
     system: System = None
 

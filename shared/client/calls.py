@@ -5,6 +5,8 @@ Transport-free, so the sync and the async client share every byte of it.
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -16,6 +18,8 @@ from shared import errors
 from shared.errors import (
     ConfigError,
     DoesNotFit,
+    InvalidId,
+    InvalidRequest,
     InvalidTranscript,
     LengthMismatch,
     LLMError,
@@ -30,6 +34,10 @@ from shared.errors import (
 from shared.messages import Message, ToolSpec
 
 T = TypeVar("T")
+# The service's conversation ids (api/schemas.py CONVERSATION_ID). Checked here because some
+# could not even reach their route: '.' and '..' are path segments httpx resolves away, so
+# append("..") would be sent to POST /v1/messages, and '/' (even quoted) splits the path.
+_CONV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -136,6 +144,7 @@ class Call(Generic[T]):
     body: dict[str, Any] | None
     parse: Callable[[Any], T]
     idempotent: bool  # safe to repeat after a send that may have reached the service
+    wait_s: float = 0.0  # the service may hold the answer this long (prepare's wait_ms)
 
     def finish(self, response: httpx.Response) -> T:
         """The parsed result of a final response, or its typed error."""
@@ -154,9 +163,20 @@ def _none(_: Any) -> None:
 
 
 def _conv_path(conv_id: str) -> str:
-    if not isinstance(conv_id, str) or not conv_id:
-        raise ConfigError("conversation id must be a non-empty string")
+    if not isinstance(conv_id, str) or not _CONV_ID.fullmatch(conv_id):
+        shown = repr(conv_id)[:140]
+        raise InvalidId(
+            f"invalid conversation id {shown}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        )
     return f"/v1/conversations/{quote(conv_id, safe='')}"
+
+
+def _finite(pressure: float) -> float:
+    """`pressure` as sent: NaN and infinities are not JSON, so say so before sending."""
+    if isinstance(pressure, int | float) and not math.isfinite(pressure):
+        raise InvalidRequest(f"pressure must be a finite number in (0, 1], got {pressure}")
+    return pressure
 
 
 def _transcript_body(
@@ -222,11 +242,13 @@ def prepare_call(
     model: str,
     tools: Sequence[ToolSpec],
     pressure: float,
-    wait_ms: int,
+    wait_ms: int | None,
     max_input_tokens: int | None,
     format: str,
 ) -> Call[PreparedPrompt]:
-    body: dict[str, Any] = {"model": model, "pressure": pressure, "wait_ms": wait_ms}
+    body: dict[str, Any] = {"model": model, "pressure": _finite(pressure)}
+    if wait_ms is not None:  # else the service's PREFIT_DEFAULT_WAIT_MS applies
+        body["wait_ms"] = wait_ms
     if tools:
         body["tools"] = list(tools)
     if max_input_tokens is not None:
@@ -234,7 +256,8 @@ def prepare_call(
     if format != "openai":
         body["format"] = format
     path = f"{_conv_path(conv_id)}/prepare"
-    return Call("POST", path, body, PreparedPrompt.from_json, True)
+    wait_s = wait_ms / 1000 if isinstance(wait_ms, int) and wait_ms > 0 else 0.0
+    return Call("POST", path, body, PreparedPrompt.from_json, True, wait_s)
 
 
 def prepare_messages_call(
@@ -247,7 +270,7 @@ def prepare_messages_call(
     system: Any,
 ) -> Call[PreparedPrompt]:
     body = _transcript_body(messages, model, max_input_tokens, tools, format, system)
-    body["pressure"] = pressure
+    body["pressure"] = _finite(pressure)
     return Call("POST", "/v1/prepare", body, PreparedPrompt.from_json, True)
 
 
@@ -353,9 +376,17 @@ def _build(cls: type[PrefitError], message: str, err: dict[str, Any]) -> PrefitE
     return exc
 
 
-def unreachable(base_url: str, exc: Exception) -> ServiceUnavailable:
-    """The error for a service that could not be reached after every retry."""
-    return ServiceUnavailable(f"prefit service at {base_url} unreachable ({type(exc).__name__})")
+def unreachable(base_url: str, exc: Exception, *, sent: bool = False) -> ServiceUnavailable:
+    """The error for a service that could not be reached after every retry; `sent`: the
+    request may have reached it (a timeout or a dropped connection after sending)."""
+    if not sent:
+        return ServiceUnavailable(
+            f"prefit service at {base_url} unreachable ({type(exc).__name__})"
+        )
+    return ServiceUnavailable(
+        f"no answer from the prefit service at {base_url} ({type(exc).__name__}): the request "
+        "may have been applied, so it was not repeated (an append with expected_length is)"
+    )
 
 
 def _int(err: dict[str, Any], key: str) -> int:

@@ -47,10 +47,22 @@ class Retrying:
         step = min(self._max_backoff, self._backoff * 2.0**attempt)
         return step * (0.5 + random.random() / 2)  # jitter: replicas must not retry in step
 
+    def _timeout(self, call: Call[Any], timeout: httpx.Timeout) -> httpx.Timeout:
+        """The client's timeout, its read extended by what the call lets the service wait."""
+        if not call.wait_s or timeout.read is None:
+            return timeout
+        return httpx.Timeout(
+            connect=timeout.connect,
+            read=timeout.read + call.wait_s,
+            write=timeout.write,
+            pool=timeout.pool,
+        )
+
     def _retry_transport(self, call: Call[Any], exc: httpx.TransportError, attempt: int) -> float:
         delay = self._delay(attempt, None)
         if delay is None or not (isinstance(exc, _NOT_SENT) or call.idempotent):
-            raise unreachable(self.base_url, exc) from exc
+            sent = not isinstance(exc, _NOT_SENT) and not call.idempotent
+            raise unreachable(self.base_url, exc, sent=sent) from exc
         log.info("client.retried", path=call.path, attempt=attempt + 1, error=type(exc).__name__)
         return delay
 

@@ -100,11 +100,12 @@ class PrefitClient(Retrying):
         model: str,
         tools: Sequence[ToolSpec] = (),
         pressure: float = 1.0,
-        wait_ms: int = 0,
+        wait_ms: int | None = None,
         max_input_tokens: int | None = None,
         format: Format = "openai",
     ) -> PreparedPrompt:
-        """The prompt to send now for a stored conversation."""
+        """The prompt to send now for a stored conversation; `wait_ms` (None: the service's
+        PREFIT_DEFAULT_WAIT_MS) lets it wait that long for a due summary."""
         return self._call(
             prepare_call(conv_id, model, tools, pressure, wait_ms, max_input_tokens, format)
         )
@@ -161,7 +162,12 @@ class PrefitClient(Retrying):
         attempt = 0
         while True:
             try:
-                response = self._http.request(call.method, call.path, json=call.body)
+                response = self._http.request(
+                    call.method,
+                    call.path,
+                    json=call.body,
+                    timeout=self._timeout(call, self._http.timeout),
+                )
             except httpx.TransportError as exc:
                 delay: float | None = self._retry_transport(call, exc, attempt)
             else:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from pydantic import ValidationError
+
 from shared.client import PrefitClient
 from shared.commands.demo import DemoOptions, generate_conversation, load_conversation, replay
 from shared.commands.up import UpOptions, run_up, worker_argv
@@ -32,7 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args and args[0] == "inspect":
         return _inspect(args[1:])
     ns = build_parser().parse_args(args)
-    settings = get_settings()
+    try:
+        settings = get_settings()
+    except ValueError as exc:  # pydantic's ValidationError and SettingsError are ValueErrors
+        print(f"prefit: invalid settings: {settings_problem(exc)}", file=sys.stderr)
+        return 2
     configure_logging(json=_log_json(ns, settings), level=settings.log_level)
     command: Callable[[argparse.Namespace, Settings], int] = ns.command
     return command(ns, settings)
@@ -178,12 +184,24 @@ def _encodings(ns: argparse.Namespace, settings: Settings) -> int:
         return 2
     try:
         installed = install_encodings(into, ns.source, ns.names or None)
-    except PrefitError as exc:
+    except (PrefitError, OSError) as exc:  # OSError: a folder it cannot write to
         print(f"prefit encodings: {exc}", file=sys.stderr)
         return 1
     for enc in installed:
         print(f"{enc.path}  {enc.origin}  sha256 {enc.sha256}")
     return 0
+
+
+def settings_problem(exc: ValueError) -> str:
+    """One line naming the setting the environment got wrong, and why."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        field = str(first["loc"][0]) if first["loc"] else ""
+        env = f" (PREFIT_{field.upper()})" if field in Settings.model_fields else ""
+        return f"{where}{env}: {first['msg']}"
+    cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+    return f"{exc}{cause}"
 
 
 def local_url(settings: Settings) -> str:
@@ -213,7 +231,10 @@ def _inspect(argv: list[str]) -> int:
 
 
 def _positive(value: str) -> int:
-    number = int(value)
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value!r}") from None
     if number <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return number

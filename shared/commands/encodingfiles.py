@@ -50,13 +50,19 @@ def install_encodings(
     module docstring.
 
     A file already in `into` with the right hash is kept. Raises `ConfigError` for an unknown
-    name, a source file or a download whose hash is wrong, or an encoding tiktoken cannot fetch.
+    name, a `source` that is not a folder, an `into` that cannot be made, a source file or a
+    download whose hash is wrong, or an encoding tiktoken cannot fetch.
     """
     names = list(SPECS) if names is None else names
     unknown = sorted(set(names) - set(SPECS))
     if unknown:
         raise ConfigError(f"unknown encodings {unknown}: prefit knows {sorted(SPECS)}")
-    into.mkdir(parents=True, exist_ok=True)
+    if source is not None and not source.is_dir():
+        raise ConfigError(f"--from {source}: no such folder")
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot make the folder {into}: {exc.strerror or exc}") from None
     return [_install(name, into, source) for name in names]
 
 

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
+from shared.commands.demo import load_conversation
 from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
-from shared.errors import PrefitError
+from shared.errors import ConfigError, PrefitError
 from shared.extractive import ExtractiveSummarizer
-from shared.messages import Message, groups, validate
+from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.settings import Settings
 from shared.strategies import Work
@@ -103,11 +102,15 @@ def render(
     return "\n".join(out)
 
 
-def _load(path: Path) -> tuple[list[Message], list[dict[str, Any]]]:
-    data = json.loads(path.read_text())
-    if isinstance(data, list):
-        return validate(data), []
-    return validate(data.get("messages")), list(data.get("tools") or [])
+def _counter(kind: str) -> TokenCounter:
+    """The counter asked for; `ConfigError` when tiktoken's files cannot be loaded."""
+    if kind != "tiktoken":
+        return HeuristicCounter()
+    try:
+        directory = Settings().tiktoken_dir
+    except ValueError as exc:  # pydantic's errors: a malformed PREFIT_* variable
+        raise ConfigError(f"invalid settings: {exc}") from None
+    return TiktokenCounter(directory=directory)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,14 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reserve-output", type=int, default=4096)
     parser.add_argument("--no-color", action="store_true")
     args = parser.parse_args(argv)
-    settings = Settings()
-    counter: TokenCounter = (
-        TiktokenCounter(directory=settings.tiktoken_dir)
-        if args.counter == "tiktoken"
-        else HeuristicCounter()
-    )
+    try:  # a file that is not UTF-8 JSON is a ValueError (UnicodeDecodeError, JSONDecodeError)
+        transcript, tools = load_conversation(args.file)
+    except (OSError, ValueError) as exc:
+        print(f"prefit inspect: cannot read {args.file}: {exc}", file=sys.stderr)
+        return 2
     try:
-        transcript, tools = _load(args.file)
+        counter = _counter(args.counter)
         policy = ContextPolicy(
             args.window,
             reserve_output=args.reserve_output,
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             policy.cut(transcript, tools=tools, model=args.model, book=SummaryBook())
         )
         shorten_protected(work, work.limits.budget)  # as prepare does before refusing
-    except (PrefitError, OSError, json.JSONDecodeError) as exc:
+    except PrefitError as exc:
         print(f"prefit inspect: {exc}", file=sys.stderr)
         return 2
     color = sys.stdout.isatty() and not args.no_color

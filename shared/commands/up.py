@@ -5,7 +5,9 @@ runs in a session of its own, so a terminal's Ctrl-C reaches only the supervisor
 stops the children in order (API first: no new jobs; then the worker, which finishes its
 current tasks; then Redis). A child that dies is started again after 1 s, doubling to 30 s
 while it keeps dying (reset once it has stayed up a minute); the others keep running, so the
-API keeps answering while a worker comes back. Only SIGINT or SIGTERM stops `up`.
+API keeps answering while a worker comes back. Only SIGINT or SIGTERM stops `up`, and a
+start that cannot work: a port it cannot listen on, or an API that exits `STARTUP_DEATHS` times
+before it ever answers (a configuration it refuses, such as malformed PREFIT_API_KEYS).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ctypes
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,12 +32,13 @@ from urllib.parse import urlsplit
 import httpx
 
 from shared.commands.redisproc import RedisProcess, reachable
-from shared.errors import PrefitError, StoreUnavailable
+from shared.errors import ConfigError, PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.settings import Settings
 
 log = get_logger(__name__)
 READY_TIMEOUT_S = 60.0
+STARTUP_DEATHS = 3  # the API dying this often before it first answers stops `up` (exit 2)
 
 
 @dataclass(frozen=True)
@@ -234,13 +238,14 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
     redis: RedisProcess | None = None
     with sup.signals(), metrics_dir(opts.workers) as metrics:
         try:
+            check_listen(opts.host, opts.port)
             redis_url = settings.redis_url
             if "redis_url" not in settings.model_fields_set:
                 if opts.redis_dir is not None:
-                    opts.redis_dir.mkdir(parents=True, exist_ok=True)
+                    _make_dir(opts.redis_dir)
                 redis = RedisProcess(appendonly=opts.redis_dir is not None, dir=opts.redis_dir)
                 redis_url = redis.start().url
-            elif not reachable(redis_url, timeout=2.0):
+            elif not _answers(redis_url):
                 raise StoreUnavailable(f"REDIS_URL {_redact(redis_url)} does not answer PING")
             if not sup.stopping:
                 child_env = {**env, "REDIS_URL": redis_url}
@@ -261,6 +266,43 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
             if redis is not None:
                 redis.stop()
     return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise `ConfigError` unless the API could listen on `host:port` now.
+
+    Checked before anything starts: on a port another server holds, uvicorn would exit, be
+    restarted over and over, and the readiness check would be answered by the other server.
+    """
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"port {port} is not a TCP port (1-65535): set --port or PREFIT_PORT")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc} (another `prefit up` or "
+            "server there?); choose another with --port or PREFIT_PORT"
+        ) from None
+
+
+def _answers(redis_url: str) -> bool:
+    """Whether the Redis of REDIS_URL answers PING; `ConfigError` for a URL that is not one."""
+    try:
+        return reachable(redis_url, timeout=2.0)
+    except ValueError as exc:  # redis-py's refusal of the URL itself (scheme, port)
+        raise ConfigError(f"REDIS_URL {_redact(redis_url)!r} is not a Redis URL: {exc}") from None
+
+
+def _make_dir(path: Path) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"--redis-dir {path}: cannot make the folder ({exc.strerror or exc})"
+        ) from None
 
 
 # prometheus_client's own variable: its children then keep their metrics in files there
@@ -318,8 +360,14 @@ def _wait_ready(sup: Supervisor, opts: UpOptions, out: TextIO) -> None:
     host = "127.0.0.1" if opts.host in ("0.0.0.0", "::", "") else opts.host
     url = f"http://{host}:{opts.port}/healthz"
     deadline = time.monotonic() + READY_TIMEOUT_S
+    api = next(c for c in sup.children if c.name == "api")
     while not sup.stopping and time.monotonic() < deadline:
         sup.tend(time.monotonic())  # a child dying while starting is restarted meanwhile
+        if api.deaths >= STARTUP_DEATHS:  # never answered: its configuration, not bad luck
+            raise ConfigError(
+                f"the API exited {api.deaths} times before it answered (last exit code "
+                f"{api.proc.returncode}); its error is printed above"
+            )
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1.0).status_code == 200:
                 _say(out, f"ready at http://{host}:{opts.port} (Ctrl-C to stop)")

@@ -24,6 +24,8 @@ from shared.client import sync as sync_module
 from shared.errors import (
     ConfigError,
     DoesNotFit,
+    InvalidId,
+    InvalidRequest,
     InvalidTranscript,
     LengthMismatch,
     NotFound,
@@ -89,10 +91,10 @@ def test_append_sends_the_contract_body_and_parses_the_result() -> None:
     rec = Recorder(httpx.Response(200, json=APPENDED))
     with _client(rec) as c:
         msgs = [{"role": "user", "content": "hi"}]
-        result = c.append("a/b c", msgs, model="m", expected_length=2, max_input_tokens=1000)
+        result = c.append("Chat-1.v2_x", msgs, model="m", expected_length=2, max_input_tokens=1000)
     assert result == AppendResult("c1", 3, 42, 30, "under")
     req = rec.requests[0]
-    assert (req.method, req.url.raw_path) == ("POST", b"/v1/conversations/a%2Fb%20c/messages")
+    assert (req.method, req.url.raw_path) == ("POST", b"/v1/conversations/Chat-1.v2_x/messages")
     assert req.headers["Authorization"] == "Bearer key-1"
     assert rec.body() == {
         "messages": msgs,
@@ -127,6 +129,70 @@ def test_system_without_anthropic_format_is_refused_before_sending() -> None:
     rec = Recorder(httpx.Response(200, json=APPENDED))
     with _client(rec) as c, pytest.raises(ConfigError):
         c.append("c1", [], model="m", system="s")
+    assert rec.requests == []
+
+
+@pytest.mark.parametrize("bad", ["..", ".", "a/b", "a:b", "{x}", "", "é", "-a", "x" * 129])
+def test_an_id_the_service_refuses_is_refused_before_sending(bad: str) -> None:
+    """Ids outside the service's alphabet raise InvalidId and send nothing: '..' would
+    otherwise be resolved by httpx into POST /v1/messages, the Anthropic proxy."""
+    rec = Recorder(httpx.Response(200, json=APPENDED))
+    with _client(rec) as c:
+        for method in (c.get, c.delete):
+            with pytest.raises(InvalidId, match="invalid conversation id"):
+                method(bad)
+        with pytest.raises(InvalidId):
+            c.append(bad, [{"role": "user", "content": "x"}], model="m")
+        with pytest.raises(InvalidId):
+            c.prepare(bad, model="m")
+    assert rec.requests == []
+
+
+def test_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
+    """A prepare that lets the service wait `wait_ms` reads for that much longer, so the
+    wait is not cut by the client's timeout (and then repeated by its retries)."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+    with _client(rec, timeout=2.0) as c:
+        c.prepare("c1", model="m", wait_ms=5000)
+        c.prepare("c1", model="m")
+        c.prepare_messages([{"role": "user", "content": "x"}], model="m")
+    reads = [r.extensions["timeout"]["read"] for r in rec.requests]
+    assert reads == [7.0, 2.0, 2.0]
+
+
+def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
+    """The async client reads a waiting prepare for `wait_ms` longer too."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+
+    async def scenario() -> None:
+        transport = httpx.MockTransport(rec)
+        async with AsyncPrefitClient("http://p.test", timeout=1.0, transport=transport) as c:
+            await c.prepare("c1", model="m", wait_ms=2500)
+
+    asyncio.run(scenario())
+    assert rec.requests[0].extensions["timeout"]["read"] == 3.5
+
+
+def test_prepare_without_wait_ms_leaves_the_wait_to_the_service() -> None:
+    """No wait_ms is sent unless given, so the operator's PREFIT_DEFAULT_WAIT_MS applies
+    (an explicit 0 would turn it off for every client user); a given 0 is sent."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+    with _client(rec) as c:
+        c.prepare("c1", model="m")
+        c.prepare("c1", model="m", wait_ms=0)
+    assert rec.body(0) == {"model": "m", "pressure": 1.0}
+    assert rec.body(1) == {"model": "m", "pressure": 1.0, "wait_ms": 0}
+
+
+@pytest.mark.parametrize("pressure", [float("nan"), float("inf")])
+def test_a_pressure_that_is_not_json_is_a_typed_error(pressure: float) -> None:
+    """NaN or infinite pressure raises InvalidRequest (not a bare ValueError), sending nothing."""
+    rec = Recorder(httpx.Response(200, json=PREPARED))
+    with _client(rec) as c:
+        with pytest.raises(InvalidRequest, match="pressure"):
+            c.prepare("c1", model="m", pressure=pressure)
+        with pytest.raises(InvalidRequest, match="pressure"):
+            c.prepare_messages([{"role": "user", "content": "x"}], model="m", pressure=pressure)
     assert rec.requests == []
 
 
@@ -218,9 +284,10 @@ def test_refused_connections_are_retried_for_any_call(sleeps: list[float]) -> No
 
 
 def test_an_append_that_may_have_landed_is_not_repeated(sleeps: list[float]) -> None:
-    """A read timeout on an append without expected_length is not retried (no double append)."""
+    """A read timeout on an append without expected_length is not retried (no double append),
+    and the error says the append may have landed rather than that the service is down."""
     rec = Recorder(httpx.ReadTimeout("slow"), httpx.Response(200, json=APPENDED))
-    with _client(rec) as c, pytest.raises(ServiceUnavailable, match="unreachable"):
+    with _client(rec) as c, pytest.raises(ServiceUnavailable, match="may have been applied"):
         c.append("c1", [], model="m")
     assert len(rec.requests) == 1 and sleeps == []
 

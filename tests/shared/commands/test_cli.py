@@ -83,6 +83,43 @@ def test_subcommands_parse_their_options() -> None:
         assert exit_.value.code == 2
 
 
+def test_a_count_that_is_not_a_number_is_named_plainly(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--window abc` says a positive integer is wanted, not "invalid _positive value"."""
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["demo", "--generate", "--window", "abc"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert "argument --window: must be a positive integer, got 'abc'" in err, err
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("PREFIT_MODELS", "{bad", 'error parsing value for field "models"'),
+        (
+            "PREFIT_MODELS",
+            '{"m": {"max_input_tokens": -5}}',
+            "models.m.max_input_tokens (PREFIT_MODELS): Input should be greater than 0",
+        ),
+        ("PREFIT_PORT", "abc", "port (PREFIT_PORT): Input should be a valid integer"),
+    ],
+)
+def test_a_malformed_setting_is_one_line_not_a_traceback(
+    name: str,
+    value: str,
+    said: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Every command reads the settings first: a bad one exits 2 naming it."""
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(cli, "get_settings", Settings)  # read now, not the process's cached
+    monkeypatch.setattr(cli, "run_up", lambda *a: pytest.fail("up started"))
+    assert cli.main(["up"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("prefit: invalid settings: ") and said in err, err
+
+
 def test_up_takes_the_old_workers_flag_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

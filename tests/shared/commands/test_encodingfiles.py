@@ -125,6 +125,7 @@ def test_no_network_and_no_source_is_a_clear_error(
     """Offline without the files: the error names both ways of handing them over."""
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "tiktoken-cache"))
     no_network(monkeypatch)
+    (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"--from DIR, or docker build --build-context tiktoken"):
         install_encodings(tmp_path / "into", tmp_path / "empty", [NAME])
 
@@ -182,3 +183,24 @@ def test_the_command_fails_cleanly(
     monkeypatch.setattr(cli, "get_settings", lambda: Settings(tiktoken_dir=None))
     assert cli.main(["encodings"]) == 2
     assert "PREFIT_TIKTOKEN_DIR" in capsys.readouterr().err
+
+
+def test_a_source_folder_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    """A mistyped --from is named, not silently replaced by a download."""
+    with pytest.raises(ConfigError, match=r"--from .*nope: no such folder"):
+        install_encodings(tmp_path / "into", tmp_path / "nope", [NAME])
+    assert not (tmp_path / "into").exists()
+
+
+@pytest.mark.usefixtures("quiet_cli")
+def test_a_folder_that_cannot_be_made_exits_1_without_a_traceback(
+    tiktoken_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An install folder under a file exits 1 with a one-line reason."""
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    argv = ["encodings", str(blocker / "into"), "--from", str(tiktoken_dir), "--name", NAME]
+    assert cli.main(argv) == 1
+    assert f"prefit encodings: cannot make the folder {blocker / 'into'}" in (
+        capsys.readouterr().err
+    )

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from shared.commands import inspect as inspect_module
 from shared.commands.inspect import main
+from shared.errors import ConfigError
 from tests.conftest import needs_transcripts
 from tests.shared.strategies.test_strategies import agent
 
@@ -36,6 +38,27 @@ def test_unreadable_file_is_a_clear_error(
     assert "message 0: unknown role 'wizard'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe not text", "can't decode byte 0xff"),
+        (b"5", "expected {'messages': [...]} or a list of messages"),
+        (b'{"tools": []}', "expected {'messages': [...]} or a list of messages"),
+        (b"# a README", "Expecting value"),
+    ],
+)
+def test_a_file_that_is_not_a_transcript_is_a_clear_error(
+    content: bytes, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Bytes that are not UTF-8, or JSON that is not a transcript, exit 2 naming the file and
+    the reason, not with a traceback."""
+    path = tmp_path / "odd.json"
+    path.write_bytes(content)
+    assert main([str(path), "--window", "8000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"prefit inspect: cannot read {path}: ") and reason in err, err
+
+
 @needs_transcripts
 def test_real_transcript_with_exact_counter(
     capsys: pytest.CaptureFixture[str], tiktoken_dir: Path
@@ -46,3 +69,18 @@ def test_real_transcript_with_exact_counter(
     path = TRANSCRIPTS / "mswea_gemini3pro__django__django-13933.json"
     assert main([str(path), "--window", "32000", "--counter", "tiktoken", "--no-color"]) == 0
     assert "132 messages" in capsys.readouterr().out
+
+
+def test_tiktoken_that_cannot_load_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--counter tiktoken without its files exits 2 with the loader's reason, no traceback."""
+
+    def unloadable(**_: object) -> None:
+        raise ConfigError("tiktoken cannot load encoding 'o200k_base' (offline)")
+
+    monkeypatch.setattr(inspect_module, "TiktokenCounter", unloadable)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"messages": agent(3)}))
+    assert main([str(path), "--window", "8000", "--counter", "tiktoken"]) == 2
+    assert "prefit inspect: tiktoken cannot load encoding" in capsys.readouterr().err

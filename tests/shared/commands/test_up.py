@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -180,7 +181,9 @@ def test_up_restarts_a_dead_child_until_told_to_stop(
 
     monkeypatch.setattr(Supervisor, "tend", tend)
     fast = Backoff(first_s=0.05, max_s=0.2, stable_s=60.0)
-    code = service.run_up(UpOptions("127.0.0.1", 1, grace_s=2, backoff=fast), Settings(), {}, out)
+    code = service.run_up(
+        UpOptions("127.0.0.1", free_port(), grace_s=2, backoff=fast), Settings(), {}, out
+    )
     assert code == 0
     assert spawned == ["worker", "api"]
     assert out.getvalue().count("api exited with code 3; restarting in") >= 2
@@ -212,7 +215,7 @@ def test_up_starts_and_stops_an_embedded_redis(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(Supervisor, "spawn", spawn)
     out = io.StringIO()
-    assert service.run_up(UpOptions("127.0.0.1", 1, grace_s=2), Settings(), {}, out) == 0
+    assert service.run_up(UpOptions("127.0.0.1", free_port(), grace_s=2), Settings(), {}, out) == 0
     url = re.search(r"redis (redis://\S+) \(embedded", out.getvalue())
     assert url is not None, out.getvalue()
     assert seen == {"worker": True, "api": True}
@@ -225,7 +228,7 @@ def test_up_refuses_an_unreachable_redis_url(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(Supervisor, "spawn", lambda self, name, *a: spawned.append(name))
     monkeypatch.setenv("REDIS_URL", "redis://:secret@127.0.0.1:1/0")
     out = io.StringIO()
-    assert service.run_up(UpOptions("127.0.0.1", 1), Settings(), {}, out) == 2
+    assert service.run_up(UpOptions("127.0.0.1", free_port()), Settings(), {}, out) == 2
     assert spawned == []
     assert "does not answer" in out.getvalue() and "secret" not in out.getvalue()
 
@@ -302,3 +305,77 @@ def test_several_api_processes_get_a_metrics_directory_of_their_own() -> None:
         assert first.is_dir() and not any(first.iterdir())
         (first / "counter_1.db").write_bytes(b"x")
     assert not first.exists() and not second.exists()
+
+
+def _spawn_and_stop(spawned: list[str]) -> Callable[..., None]:
+    """A `Supervisor.spawn` that records the name and asks `up` to stop (so it never hangs)."""
+
+    def spawn(self: Supervisor, name: str, *_: object) -> None:
+        spawned.append(name)
+        self.request_stop()
+
+    return spawn
+
+
+def test_up_refuses_a_port_another_server_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A taken port is reported (exit 2) before any child starts: uvicorn would otherwise be
+    restarted forever while the other server answered `up`'s readiness check."""
+    spawned: list[str] = []
+    monkeypatch.setattr(Supervisor, "spawn", _spawn_and_stop(spawned))
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        out = io.StringIO()
+        assert service.run_up(UpOptions("127.0.0.1", port), Settings(), {}, out) == 2
+    assert spawned == []
+    assert f"cannot listen on 127.0.0.1:{port}" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.parametrize("port", [0, -1, 70000])
+def test_up_refuses_a_port_that_is_not_one(port: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Port 0, negative or over 65535 is named before any child starts."""
+    spawned: list[str] = []
+    monkeypatch.setattr(Supervisor, "spawn", _spawn_and_stop(spawned))
+    out = io.StringIO()
+    assert service.run_up(UpOptions("127.0.0.1", port), Settings(), {}, out) == 2
+    assert spawned == [] and f"port {port} is not a TCP port" in out.getvalue()
+
+
+def test_up_names_a_redis_dir_it_cannot_make(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--redis-dir naming a file is a one-line error (exit 2), not a traceback."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.delenv("PREFIT_REDIS_URL", raising=False)
+    monkeypatch.setattr(Supervisor, "spawn", _spawn_and_stop([]))
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    opts = UpOptions("127.0.0.1", free_port(), redis_dir=blocker)
+    out = io.StringIO()
+    assert service.run_up(opts, Settings(), {}, out) == 2
+    assert f"--redis-dir {blocker}: cannot make the folder" in out.getvalue()
+
+
+def test_up_stops_when_the_api_never_starts(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    """An API that exits again and again before it ever answers (a configuration it refuses)
+    ends `up` with exit 2 and says so, instead of restarting it forever."""
+    monkeypatch.setattr(service, "worker_argv", lambda settings: SLEEPER)
+    monkeypatch.setattr(service, "api_argv", lambda *a: QUITTER)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    fast = Backoff(first_s=0.05, max_s=0.2, stable_s=60.0)
+    out = io.StringIO()
+    opts = UpOptions("127.0.0.1", free_port(), grace_s=2, backoff=fast)
+    assert service.run_up(opts, Settings(), {}, out) == 2
+    assert "the API exited 3 times before it answered (last exit code 3)" in out.getvalue()
+
+
+@pytest.mark.parametrize("url", ["", "http://h:1", "redis://127.0.0.1:99999"])
+def test_up_names_a_redis_url_that_is_not_one(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A REDIS_URL redis-py cannot parse is a one-line error (exit 2), not a traceback."""
+    spawned: list[str] = []
+    monkeypatch.setattr(Supervisor, "spawn", _spawn_and_stop(spawned))
+    monkeypatch.setenv("REDIS_URL", url)
+    out = io.StringIO()
+    assert service.run_up(UpOptions("127.0.0.1", free_port()), Settings(), {}, out) == 2
+    assert spawned == [] and "is not a Redis URL" in out.getvalue(), out.getvalue()

@@ -60,3 +60,15 @@ def test_the_api_enqueues_nothing_from_a_blocked_origin(store: Store, tenant: st
     assert blocks.claim_enqueue(tenant, "c1", "stale-bbb-3", origin(record), 15) == 1
     assert blocks.claim_enqueue(tenant, "c1", "stale-bbb-3", origin(record), 15) == 0
     assert blocks.claim_enqueue(tenant, "c2", "stale-none-3", "none", 15) == 1  # other conv
+
+
+def test_deleting_the_conversation_lifts_its_block(store: Store, tenant: str) -> None:
+    """A conversation deleted and made again under its id is not blocked by the old one's
+    dead-lettered range (origin 'none' would otherwise match its first summary too)."""
+    blocks = _blocks(store)
+    blocks.fail(tenant, "c1", RANGE, "E", limit=0, permanent=True)
+    store.conversations.append(tenant, "c1", [{"role": "user", "content": "hi"}])
+    assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == -1
+    store.conversations.delete(tenant, "c1")
+    assert blocks.get(tenant, "c1") is None
+    assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == 1
