@@ -136,6 +136,18 @@ def counted(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+def settled_metrics(scraper: httpx.Client, route: str, expected: int) -> str:
+    """`/metrics` once `route` has been counted `expected` times, or after 5 s: a request is
+    counted by the request log after its answer is sent, so the client can be a step ahead."""
+    deadline = time.monotonic() + 5
+    while True:
+        text = scraper.get("/metrics").text
+        done = counted(text, "prefit_http_requests_total", route=route, status="200")
+        if done >= expected or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
 def test_metrics_are_summed_over_the_processes(two: list[str], tenant: str, model: str) -> None:
     """Requests served by either process are counted once on `/metrics`, whichever process
     answers the scrape; what is read from Redis at scrape time appears once."""
@@ -147,7 +159,7 @@ def test_metrics_are_summed_over_the_processes(two: list[str], tenant: str, mode
     for _ in range(5):
         assert b.post(f"/v1/conversations/{cid}/prepare", json={"model": model}).status_code == 200
     for scraper in (a, b):
-        text = scraper.get("/metrics").text
+        text = settled_metrics(scraper, PREPARE, 5)
         assert counted(text, "prefit_http_requests_total", route=APPEND, status="200") == 3
         assert counted(text, "prefit_http_requests_total", route=PREPARE, status="200") == 5
         assert counted(text, "prefit_prepare_seconds_count", kind="stored") == 5
