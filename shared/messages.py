@@ -188,7 +188,7 @@ def _check_message(m: Any, i: int) -> None:
         raise InvalidTranscript(
             f"unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})", i
         )
-    _check_content(m.get("content"), i, required=role != "assistant" or not m.get("tool_calls"))
+    _check_content(m.get("content"), i, required=role != "assistant" or not _speaks_otherwise(m))
     if "name" in m and m["name"] is not None and not isinstance(m["name"], str):
         raise InvalidTranscript("'name' must be a string", i)
     if "tool_calls" in m and m["tool_calls"] is not None:
@@ -197,6 +197,12 @@ def _check_message(m: Any, i: int) -> None:
                 f"'tool_calls' is only valid on assistant messages, not {role}", i
             )
         _check_tool_calls(m["tool_calls"], i)
+
+
+def _speaks_otherwise(m: Message) -> bool:
+    """Whether an assistant message says something besides `content` (which may then be
+    null): tool calls, a refusal, an audio answer, a legacy function call."""
+    return any(m.get(k) for k in ("tool_calls", "refusal", "audio", "function_call"))
 
 
 def _check_content(content: Any, i: int, *, required: bool) -> None:

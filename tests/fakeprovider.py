@@ -46,6 +46,7 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     overflow: bool = False
     limit: int = 1000
+    body: Mapping[str, Any] | None = None  # the error body to answer as it is
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,9 @@ class FakeProvider:
             routes=[
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),
                 Route("/v1/messages", self._anthropic, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/models/{model_id:path}", self._models, methods=["GET"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             ]
         )
 
@@ -114,6 +118,30 @@ class FakeProvider:
     async def _anthropic(self, request: Request) -> Response:
         return await self._handle("anthropic", request)
 
+    async def _models(self, request: Request) -> Response:
+        """The model list (or one model), answered as the protocol of the request's headers."""
+        protocol = "anthropic" if "anthropic-version" in request.headers else "openai"
+        self._note(protocol, request, {"query": str(request.url.query)}, 200)
+        model = request.path_params.get("model_id")
+        one = {"id": model or "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
+        if model is not None:
+            return JSONResponse(one)
+        return JSONResponse({"object": "list", "data": [one]}, headers={"x-request-id": "req-m"})
+
+    async def _embeddings(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        self._note("openai", request, body, 200)
+        item = {"object": "embedding", "index": 0, "embedding": [0.5, -0.25]}
+        usage = {"prompt_tokens": 1, "total_tokens": 1}
+        return JSONResponse(
+            {"object": "list", "data": [item], "model": body.get("model"), "usage": usage}
+        )
+
+    def _note(self, protocol: str, request: Request, body: dict[str, Any], status: int) -> None:
+        if self.record:
+            with self._lock:
+                self._received.append(Received(protocol, dict(request.headers), body, status))
+
     async def _handle(self, protocol: str, request: Request) -> Response:
         body = json.loads(await request.body())
         tokens = prompt_tokens(protocol, body, self.scale)
@@ -122,11 +150,11 @@ class FakeProvider:
         if reply is None and self.limit_tokens is not None and tokens > self.limit_tokens:
             reply = Reply(400, overflow=True, limit=self.limit_tokens)
         status = reply.status if reply is not None else 200
-        if self.record:
-            with self._lock:
-                self._received.append(Received(protocol, dict(request.headers), body, status))
+        self._note(protocol, request, body, status)
         if reply is not None and reply.status >= 300:
-            payload = _error(protocol, reply, tokens)
+            payload = (
+                dict(reply.body) if reply.body is not None else _error(protocol, reply, tokens)
+            )
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
         if body.get("stream") is True:
             events = _openai_events if protocol == "openai" else _anthropic_events

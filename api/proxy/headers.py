@@ -10,11 +10,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from api.proxy.caller import Caller
+from api.proxy.dialect import Dialect
+
 # Not passed back from the upstream's answer: they describe its connection and encoding.
 HOP = frozenset(
     {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
     | {"date", "server"}
 )
+
+
+def upstream_headers(
+    dialect: Dialect, caller: Caller, key: str | None, client: Mapping[str, str]
+) -> dict[str, str]:
+    """The headers of a request to `dialect`'s upstream: its defaults, the client's headers
+    it passes on, and the client's own provider auth when forwarded, else the deployment's
+    `key`."""
+    out = {"content-type": "application/json", **dialect.defaults()}
+    out.update({h: client[h] for h in dialect.forwarded if h in client})
+    if caller.provider_auth:
+        out.update(caller.provider_auth)
+    elif key:
+        out.update(dialect.auth(key))
+    return out
 
 
 def passed_back(upstream: Mapping[str, str]) -> dict[str, str]:

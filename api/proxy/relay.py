@@ -28,7 +28,7 @@ from api.proxy.caller import Caller
 from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter
-from api.proxy.headers import passed_back, prefit_headers
+from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.streaming import Tap, passthrough
@@ -194,14 +194,8 @@ class Relay:
         return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
-        out = {"content-type": "application/json", **self.dialect.defaults()}
-        out.update({h: self.headers[h] for h in self.dialect.forwarded if h in self.headers})
         key = self.svc.transport.upstreams[self.dialect.name].key
-        if self.caller.provider_auth:
-            out.update(self.caller.provider_auth)
-        elif key:
-            out.update(self.dialect.auth(key))
-        return out
+        return upstream_headers(self.dialect, self.caller, key, self.headers)
 
     # --- the answer ----------------------------------------------------------------------
     def _answered(

@@ -1,4 +1,5 @@
-"""The proxy's two routes: `POST /v1/chat/completions` and `POST /v1/messages`.
+"""The proxy's two routes: `POST /v1/chat/completions` and `POST /v1/messages`; and the
+provider endpoints passed through unfitted or refused (api/proxy/passthrough.py).
 
 Both take the provider's own request body and answer the provider's own response, so they
 stay out of prefit's OpenAPI schema (docs/api.md, "Drop-in proxy", documents them). Errors
@@ -8,6 +9,7 @@ header) are shaped as the provider shapes its errors, so the SDKs raise their us
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -21,6 +23,7 @@ from api.proxy.caller import identify
 from api.proxy.codec import loads
 from api.proxy.dialect import Dialect
 from api.proxy.openai import OpenAIDialect
+from api.proxy.passthrough import forward, not_served
 from api.proxy.relay import Relay
 from shared.errors import InvalidRequest, PrefitError
 
@@ -28,6 +31,7 @@ OPENAI_DIALECT = OpenAIDialect()
 ANTHROPIC_DIALECT = AnthropicDialect()
 
 router = APIRouter()
+_ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 @router.post("/v1/chat/completions", include_in_schema=False)
@@ -42,22 +46,67 @@ async def messages(request: Request) -> Response:
     return await proxy(request, ANTHROPIC_DIALECT)
 
 
+@router.get("/v1/models", include_in_schema=False)
+async def models(request: Request) -> Response:
+    """The provider's model list (Anthropic's when the SDK sends `anthropic-version`)."""
+    return await _passed(request, "/models")
+
+
+@router.get("/v1/models/{model_id:path}", include_in_schema=False)
+async def model(request: Request, model_id: str) -> Response:
+    """One model of the provider's list."""
+    return await _passed(request, f"/models/{model_id}")
+
+
+@router.post("/v1/embeddings", include_in_schema=False)
+async def embeddings(request: Request) -> Response:
+    """OpenAI embeddings, passed through: there is no conversation to fit."""
+    return await _shaped(request, OPENAI_DIALECT, forward(request, OPENAI_DIALECT, "/embeddings"))
+
+
+@router.api_route("/v1/responses{rest:path}", methods=_ANY, include_in_schema=False)
+@router.api_route("/v1/completions", methods=_ANY, include_in_schema=False)
+@router.api_route("/v1/chat/completions/{rest:path}", methods=_ANY, include_in_schema=False)
+async def not_served_here(request: Request) -> Response:
+    """Provider endpoints prefit does not serve: a 404 the SDK reads."""
+    return _error(request, OPENAI_DIALECT, not_served(request))
+
+
 async def proxy(request: Request, dialect: Dialect) -> Response:
     """Authenticate, read the body, and relay it (prefit's own errors in `dialect`'s shape)."""
+    return await _shaped(request, dialect, _relayed(request, dialect))
+
+
+async def _relayed(request: Request, dialect: Dialect) -> Response:
     svc: Services = request.app.state.services
     rec = request_log(request)
+    caller = identify(request.headers, svc.keyring, svc.settings)
+    rec.tenant = caller.tenant
+    raw = await request.body()
+    relay = Relay(svc, dialect, caller, _object(raw), raw, request.headers, rec)
+    return await relay.run()
+
+
+async def _passed(request: Request, path: str) -> Response:
+    anthropic = "anthropic-version" in request.headers
+    dialect: Dialect = ANTHROPIC_DIALECT if anthropic else OPENAI_DIALECT
+    return await _shaped(request, dialect, forward(request, dialect, path))
+
+
+async def _shaped(request: Request, dialect: Dialect, answer: Awaitable[Response]) -> Response:
+    """`answer`, or prefit's own error in `dialect`'s shape."""
     try:
-        caller = identify(request.headers, svc.keyring, svc.settings)
-        rec.tenant = caller.tenant
-        raw = await request.body()
-        relay = Relay(svc, dialect, caller, _object(raw), raw, request.headers, rec)
-        return await relay.run()
+        return await answer
     except PrefitError as exc:
-        rec.error = type(exc).__name__
-        status = status_of(exc)
-        status = 400 if status == 422 else status  # providers answer bad requests with 400
-        headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
-        return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
+        return _error(request, dialect, exc)
+
+
+def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
+    request_log(request).error = type(exc).__name__
+    status = status_of(exc)
+    status = 400 if status == 422 else status  # providers answer bad requests with 400
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
+    return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
 def _object(raw: bytes) -> dict[str, Any]:

@@ -44,6 +44,21 @@ def test_openai_overflow_figures_are_read_from_each_wording() -> None:
     assert openai_figures("context_length_exceeded") == Overflow()
 
 
+def test_compatible_servers_overflow_wordings_are_recognised_with_their_figures() -> None:
+    """Mistral's and Anthropic's wordings in an OpenAI error, and llama.cpp's (no figures)."""
+    assert openai_figures(
+        "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 "
+        "maximum context length"
+    ) == Overflow(40_000, 32_768, None)
+    assert openai_figures("prompt is too long: 210000 tokens > 200000 maximum") == Overflow(
+        210_000, 200_000, None
+    )
+    error = {"message": "the request exceeds the available context size", "code": None}
+    assert OpenAIDialect().overflow(400, {"error": error}) == Overflow()
+    error = {"message": "Rate limit reached for requests", "code": None}
+    assert OpenAIDialect().overflow(400, {"error": error}) is None
+
+
 def test_anthropic_overflow_figures_and_other_errors() -> None:
     """Both overflow wordings are read; any other 400 is no overflow."""
     assert anthropic_figures("prompt is too long: 208000 tokens > 200000 maximum") == Overflow(
