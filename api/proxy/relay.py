@@ -22,7 +22,7 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import Services
 from api.logging import RequestLog
-from api.policies import resolve_window
+from api.policies import Window, resolve_window
 from api.prepare import Preparer
 from api.proxy.caller import Caller
 from api.proxy.codec import dumps, loads
@@ -30,12 +30,15 @@ from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
+from api.proxy.learned import LEARNED
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.streaming import Tap, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
 
 log = get_logger(__name__)
+
+UNKNOWN = "unknown model"
 
 
 def _raw(fit: Fit) -> int:
@@ -96,8 +99,10 @@ class Relay:
             await upstream.aclose()
             answer = _json(content)
             overflow = self.dialect.overflow(upstream.status_code, answer)
-            if overflow is not None and fit is not None:
-                retried = await self._retry(fit, overflow)
+            if overflow is not None:
+                retried = await (
+                    self._retry(fit, overflow) if fit is not None else self._learn(overflow)
+                )
                 if retried is not None:
                     fit = retried
                     continue
@@ -109,9 +114,14 @@ class Relay:
         try:
             window = resolve_window(self.svc.settings, self.model, None)
         except UnknownModel:
-            return self._skip("unknown model")
+            learned = LEARNED.get(self.model)
+            return self._skip(UNKNOWN) if learned is None else await self._fit_in(learned)
         except ConfigError:  # a configured window not larger than its reserve
             return self._skip("no usable window")
+        return await self._fit_in(window)
+
+    async def _fit_in(self, window: Window) -> Fit | None:
+        """The fit at pressure 1 to `window`, or None (with `label` saying why)."""
         try:
             messages, tools = self.dialect.transcript(self.body, self.svc.validated.validate)
         except InvalidTranscript as exc:
@@ -171,6 +181,19 @@ class Relay:
             return self._fitted(await self._smaller(fit, pressure))
         except DoesNotFit:
             return None
+
+    async def _learn(self, overflow: Overflow) -> Fit | None:
+        """After an overflow of a request sent unfitted for want of a window: the fit to the
+        window the error states (api/proxy/learned.py); None when there is none."""
+        if self.label != f"skipped ({UNKNOWN})" or self.retries >= MAX_RETRIES:
+            return None
+        window = LEARNED.learn(self.model, overflow, self.svc.settings.reserve_output)
+        if window is None:
+            return None
+        self.retries += 1
+        self.rec.retries = self.retries
+        log.info("proxy.window_learned", model=self.model, window=window.max_input_tokens)
+        return await self._fit_in(window)
 
     async def _smaller(self, last: Fit, pressure: float) -> Fit:
         """The fit at `pressure`, or lower until it is smaller than `last` (the target's

@@ -3,6 +3,7 @@ overflow wordings, and the other endpoints a client pointed at prefit calls."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import anthropic
@@ -10,9 +11,9 @@ import openai
 import pytest
 
 from shared.messages import validate
-from tests.api.helpers import user
+from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session
-from tests.fakeprovider import Reply
+from tests.fakeprovider import WORDS, Reply
 
 
 def sdk(proxy: Proxy, key: str | None = None) -> openai.OpenAI:
@@ -114,3 +115,28 @@ def test_an_endpoint_prefit_does_not_serve_is_a_not_found_that_says_so(proxy: Pr
     with pytest.raises(openai.NotFoundError):
         sdk(proxy).completions.create(model=proxy.model, prompt="hi")
     assert proxy.fake.received == []
+
+
+def test_an_unknown_models_window_is_learned_from_its_overflow(proxy: Proxy) -> None:
+    """A model left out of PREFIT_MODELS goes unfitted until the provider states its
+    maximum: that request is fitted to it and retried, and the next turns are fitted to it
+    from the start, pairs and task kept."""
+    model = f"unconfigured-{uuid.uuid4().hex[:8]}"
+    proxy.fake.limit_tokens = 8_000
+    messages = agent_session(60)
+    raw = sdk(proxy).chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+    )
+    assert (raw.headers["x-prefit-fit"], raw.headers["x-prefit-retries"]) == ("applied", "1")
+    assert [r.status for r in proxy.fake.received] == [400, 200]
+    messages += [assistant("".join(WORDS)), user("go on")]
+    raw = sdk(proxy).chat.completions.with_raw_response.create(
+        model=model,
+        messages=messages,  # type: ignore[arg-type]
+    )
+    assert (raw.headers["x-prefit-fit"], raw.headers["x-prefit-retries"]) == ("applied", "0")
+    assert [r.status for r in proxy.fake.received] == [400, 200, 200]
+    sent = proxy.fake.received[-1].body["messages"]
+    validate(sent)
+    assert sent[1]["content"] == TASK and sent[-1] == messages[-1]
