@@ -97,6 +97,8 @@ class Relay:
                 return self._streamed(upstream, fit)
             content = await upstream.aread()
             await upstream.aclose()
+            if self._refused_usage(upstream.status_code, content):
+                continue
             answer = _json(content)
             overflow = self.dialect.overflow(upstream.status_code, answer)
             if overflow is not None:
@@ -107,6 +109,16 @@ class Relay:
                     fit = retried
                     continue
             return self._answered(upstream, content, answer, fit)
+
+    def _refused_usage(self, status: int, content: bytes) -> bool:
+        """Whether the upstream refused the `stream_options` prefit added (older Azure
+        API versions, some compatible servers): then it is sent again as the client sent
+        it, and the stream's prompt count goes unobserved."""
+        if self.streamed is None or status != 400 or b"stream_options" not in content:
+            return False
+        self.streamed, self.strip = None, False
+        log.info("proxy.usage_refused", upstream=self.dialect.name)
+        return True
 
     # --- the fit -------------------------------------------------------------------------
     async def _first_fit(self) -> Fit | None:

@@ -140,3 +140,27 @@ def test_an_unknown_models_window_is_learned_from_its_overflow(proxy: Proxy) -> 
     sent = proxy.fake.received[-1].body["messages"]
     validate(sent)
     assert sent[1]["content"] == TASK and sent[-1] == messages[-1]
+
+
+def test_an_upstream_that_refuses_stream_options_gets_the_stream_as_the_client_sent_it(
+    proxy: Proxy,
+) -> None:
+    """prefit asks for the usage chunk; an upstream that rejects `stream_options` (older
+    Azure API versions) gets the request again without it, and the client its stream."""
+    error = {
+        "message": "Unrecognized request argument supplied: stream_options",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
+    proxy.fake.script(Reply(400, body={"error": error}))
+    stream = sdk(proxy).chat.completions.create(
+        model=proxy.model,
+        messages=agent_session(60),  # type: ignore[arg-type]
+        stream=True,
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "".join(WORDS)
+    first, second = proxy.fake.received
+    assert first.status == 400 and first.body["stream_options"] == {"include_usage": True}
+    assert second.status == 200 and "stream_options" not in second.body
