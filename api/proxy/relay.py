@@ -32,7 +32,7 @@ from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.learned import LEARNED
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
-from api.proxy.streaming import Tap, passthrough
+from api.proxy.streaming import Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
 
@@ -254,11 +254,15 @@ class Relay:
             self.background.add_task(self._observe_stream, fit, tap)
         self._settle()
         return StreamingResponse(
-            passthrough(upstream, tap, self.rec),
+            passthrough(upstream, tap, self.rec, self._broken()),
             status_code=upstream.status_code,
             headers=self._answer_headers(upstream.headers, fit),
             background=self.background,
         )
+
+    def _broken(self) -> bytes:
+        message = f"{self.dialect.name} upstream broke off the stream"
+        return error_event(self.dialect.error(502, message))
 
     def _unreachable(self, exc: httpx.TransportError, fit: Fit | None) -> Response:
         timeout = isinstance(exc, httpx.TimeoutException)
