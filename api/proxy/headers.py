@@ -30,7 +30,8 @@ def upstream_headers(
 ) -> dict[str, str]:
     """The headers of a request to `dialect`'s upstream: its defaults, the client's headers
     it passes on, and the client's own provider auth when forwarded, else the deployment's
-    `key` (the client's account headers go with its own key only)."""
+    `key`, else (open mode, no deployment key) the SDK's; the client's account headers go
+    with its own key only."""
     out = {"content-type": "application/json", **dialect.defaults()}
     out.update({h: client[h] for h in dialect.forwarded if h in client})
     if caller.provider_auth:
@@ -38,6 +39,9 @@ def upstream_headers(
         out.update({h: client[h] for h in ACCOUNT if h in client})
     elif key:
         out.update(dialect.auth(key))
+    elif caller.fallback_auth:
+        out.update(caller.fallback_auth)
+        out.update({h: client[h] for h in ACCOUNT if h in client})
     return out
 
 
