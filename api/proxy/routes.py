@@ -67,6 +67,7 @@ async def embeddings(request: Request) -> Response:
 @router.api_route("/v1/responses{rest:path}", methods=_ANY, include_in_schema=False)
 @router.api_route("/v1/completions", methods=_ANY, include_in_schema=False)
 @router.api_route("/v1/chat/completions/{rest:path}", methods=_ANY, include_in_schema=False)
+@router.get("/v1/chat/completions", include_in_schema=False)
 async def not_served_here(request: Request) -> Response:
     """Provider endpoints prefit does not serve: a 404 the SDK reads."""
     return _error(request, OPENAI_DIALECT, not_served(request))

@@ -114,6 +114,10 @@ def test_an_endpoint_prefit_does_not_serve_is_a_not_found_that_says_so(proxy: Pr
     assert "/v1/chat/completions" in caught.value.message
     with pytest.raises(openai.NotFoundError):
         sdk(proxy).completions.create(model=proxy.model, prompt="hi")
+    with pytest.raises(openai.NotFoundError):
+        sdk(proxy).chat.completions.list()  # stored completions
+    with pytest.raises(openai.NotFoundError):
+        sdk(proxy).chat.completions.retrieve("chatcmpl-1")
     assert proxy.fake.received == []
 
 
