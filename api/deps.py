@@ -36,6 +36,7 @@ from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
+from api.proxy.learned import LearnedWindows
 from api.proxy.upstream import Transport
 from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
@@ -119,6 +120,7 @@ class Services:
         self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
         self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
+        self.learned = LearnedWindows()  # the proxy's windows of unconfigured models
         # transcripts resent every turn (the proxy's) are validated in O(new)
         self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
         self.trigger = SummaryTrigger(

@@ -207,13 +207,12 @@ def _check_message(m: Any, i: int) -> None:
 
 
 def _speaks_otherwise(m: Message) -> bool:
-    """Whether an assistant message says something without `content`: tool calls, or a
-    refusal or audio reply as OpenAI returns them (content null), sent back as they came."""
+    """Whether an assistant message says something without `content` (which may then be
+    null): tool calls, or a refusal, an audio reply or a legacy function call as OpenAI
+    returns them, sent back as they came."""
     refusal = m.get("refusal")
-    return (
-        bool(m.get("tool_calls"))
-        or bool(m.get("audio"))
-        or (isinstance(refusal, str) and bool(refusal))
+    return any(m.get(k) for k in ("tool_calls", "audio", "function_call")) or (
+        isinstance(refusal, str) and bool(refusal)
     )
 
 

@@ -46,6 +46,7 @@ class Reply:
     headers: Mapping[str, str] = field(default_factory=dict)
     overflow: bool = False
     limit: int = 1000
+    body: Mapping[str, Any] | None = None  # the error body to answer as it is
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,8 @@ class FakeProvider:
                 Route("/v1/messages", self._anthropic, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/models/{model_id:path}", self._models, methods=["GET"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),
             ]
         )
 
@@ -122,35 +125,46 @@ class FakeProvider:
         body = json.loads(await request.body())
         with self._lock:
             reply = self._script.pop(0) if self._script else None
-            status = reply.status if reply is not None else 200
-            self._received.append(
-                Received("anthropic", dict(request.headers), body, status, request.url.path)
-            )
+        self._note("anthropic", request, body, reply.status if reply is not None else 200)
         if reply is not None and reply.status >= 300:
             payload = _error("anthropic", reply, 0)
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
         return JSONResponse({"input_tokens": prompt_tokens("anthropic", body, self.scale)})
 
     async def _models(self, request: Request) -> Response:
-        """A one-model list, in Anthropic's shape when `anthropic-version` is sent."""
+        """The model list (or one model), in the shape of the protocol of the request's headers."""
         anthropic = "anthropic-version" in request.headers
-        with self._lock:
-            self._received.append(
-                Received(
-                    "anthropic" if anthropic else "openai",
-                    dict(request.headers),
-                    dict(request.query_params),
-                    200,
-                    request.url.path,
-                )
-            )
+        self._note(
+            "anthropic" if anthropic else "openai", request, {"query": str(request.url.query)}, 200
+        )
+        model = request.path_params.get("model_id")
         if anthropic:
-            model = {"type": "model", "id": "fake-1", "display_name": "Fake"}
-            model["created_at"] = "2025-01-01T00:00:00Z"
-            listed = {"data": [model], "has_more": False, "first_id": "fake-1", "last_id": "fake-1"}
-            return JSONResponse(listed)
-        model = {"id": "fake-1", "object": "model", "created": 0, "owned_by": "fake"}
-        return JSONResponse({"object": "list", "data": [model]})
+            one: dict[str, Any] = {"type": "model", "id": model or "fake-model"}
+            one.update(display_name="Fake", created_at="2025-01-01T00:00:00Z")
+            if model is not None:
+                return JSONResponse(one)
+            page = {"data": [one], "has_more": False, "first_id": one["id"], "last_id": one["id"]}
+            return JSONResponse(page)
+        one = {"id": model or "fake-model", "object": "model", "created": 0, "owned_by": "fake"}
+        if model is not None:
+            return JSONResponse(one)
+        return JSONResponse({"object": "list", "data": [one]}, headers={"x-request-id": "req-m"})
+
+    async def _embeddings(self, request: Request) -> Response:
+        body = json.loads(await request.body())
+        self._note("openai", request, body, 200)
+        item = {"object": "embedding", "index": 0, "embedding": [0.5, -0.25]}
+        usage = {"prompt_tokens": 1, "total_tokens": 1}
+        return JSONResponse(
+            {"object": "list", "data": [item], "model": body.get("model"), "usage": usage}
+        )
+
+    def _note(self, protocol: str, request: Request, body: dict[str, Any], status: int) -> None:
+        if self.record:
+            with self._lock:
+                self._received.append(
+                    Received(protocol, dict(request.headers), body, status, request.url.path)
+                )
 
     async def _handle(self, protocol: str, request: Request) -> Response:
         body = json.loads(await request.body())
@@ -160,13 +174,11 @@ class FakeProvider:
         if reply is None and self.limit_tokens is not None and tokens > self.limit_tokens:
             reply = Reply(400, overflow=True, limit=self.limit_tokens)
         status = reply.status if reply is not None else 200
-        if self.record:
-            with self._lock:
-                self._received.append(
-                    Received(protocol, dict(request.headers), body, status, request.url.path)
-                )
+        self._note(protocol, request, body, status)
         if reply is not None and reply.status >= 300:
-            payload = _error(protocol, reply, tokens)
+            payload = (
+                dict(reply.body) if reply.body is not None else _error(protocol, reply, tokens)
+            )
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
         if body.get("stream") is True:
             events = _openai_events if protocol == "openai" else _anthropic_events

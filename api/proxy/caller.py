@@ -7,7 +7,9 @@ for the provider is (`PREFIT_OPENAI_API_KEY`, `PREFIT_ANTHROPIC_API_KEY`).
 
 Opt-in (`PREFIT_PROXY_FORWARD_CLIENT_KEYS=true`): a client sends its prefit key in
 `X-Prefit-Api-Key` and its own provider key where the SDK puts it; that provider header is
-then forwarded as it came. In open mode (no prefit keys) the SDK's key is the provider key.
+then forwarded as it came. In open mode (no prefit keys) the SDK's key is the provider key;
+without the opt-in it goes upstream only when the deployment has no key for that provider
+(a local `prefit up` in front of the client's own account), never in place of one.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Caller:
 
     tenant: str
     provider_auth: dict[str, str] = field(default_factory=dict)
+    # open mode: the SDK's key headers, for an upstream the deployment has no key for
+    fallback_auth: dict[str, str] = field(default_factory=dict)
 
 
 def _bearer(value: str | None) -> str | None:
@@ -53,7 +57,7 @@ def identify(headers: Mapping[str, str], keyring: KeyRing, settings: Settings) -
         )
     else:
         tenant, provider = keyring.tenant_for_key(own), False
-    if not (provider and settings.proxy_forward_client_keys):
+    if not provider:
         return Caller(tenant)
     mine = (prefit_key or "").strip()
     auth = {
@@ -61,4 +65,6 @@ def identify(headers: Mapping[str, str], keyring: KeyRing, settings: Settings) -
         for h in PROVIDER_AUTH
         if (v := headers.get(h)) is not None and (_bearer(v) or v).strip() != mine
     }
-    return Caller(tenant, auth)
+    if settings.proxy_forward_client_keys:
+        return Caller(tenant, auth)
+    return Caller(tenant, fallback_auth=auth if keyring.open else {})

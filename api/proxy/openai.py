@@ -19,7 +19,13 @@ from shared.errors import InvalidTranscript
 from shared.messages import Message, ToolSpec
 
 _USAGE = re.compile(rb'"usage"\s*:\s*\{')
-_CONTEXT = re.compile(r"maximum context length|context[_ ]length|exceeds? the context", re.I)
+# what an overflow's message says when its `code` is not `context_length_exceeded` (older
+# or compatible servers, proxies that drop the code)
+_CONTEXT = re.compile(
+    r"maximum context length|context[_ ]length|exceeds? the (?:context|available context)"
+    r"|exceed the configured limit|prompt is too long|exceed context limit|context size",
+    re.I,
+)
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large"}
 
 

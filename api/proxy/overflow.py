@@ -24,9 +24,15 @@ _INT = r"(\d[\d,]*)"
 # OpenAI: "This model's maximum context length is 128000 tokens. However, your messages
 # resulted in 130000 tokens" / "... you requested 131000 tokens (130000 in the messages,
 # 1000 in the completion)"; newer models: "Input tokens exceed the configured limit of
-# 272000 tokens. Your messages resulted in 300000 tokens."
-_OPENAI_LIMIT = re.compile(rf"(?:maximum context length is|limit of) {_INT}")
-_OPENAI_PROMPT = re.compile(rf"(?:resulted in {_INT} tokens|\({_INT} in the messages)")
+# 272000 tokens. Your messages resulted in 300000 tokens."; compatible servers (Mistral):
+# "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum
+# context length"
+_OPENAI_LIMIT = re.compile(
+    rf"(?:maximum context length is|limit of) {_INT}|{_INT} maximum context length"
+)
+_OPENAI_PROMPT = re.compile(
+    rf"(?:resulted in {_INT} tokens|\({_INT} in the messages|[Pp]rompt contains {_INT} tokens)"
+)
 _OPENAI_OUTPUT = re.compile(rf"{_INT} in the completion")
 # Anthropic: "prompt is too long: 208000 tokens > 200000 maximum"; "input length and
 # `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length ..."
@@ -48,15 +54,23 @@ def _num(text: str | None) -> int | None:
 
 
 def openai_figures(message: str) -> Overflow:
-    """The figures of an OpenAI `context_length_exceeded` message."""
+    """The figures of an OpenAI `context_length_exceeded` message (or of an Anthropic
+    wording, which Anthropic-backed OpenAI-compatible endpoints pass on)."""
     limit = _OPENAI_LIMIT.search(message)
     prompt = _OPENAI_PROMPT.search(message)
     output = _OPENAI_OUTPUT.search(message)
+    if limit is None and prompt is None:
+        return anthropic_figures(message) or Overflow()
     return Overflow(
-        prompt_tokens=_num(next((g for g in prompt.groups() if g), None)) if prompt else None,
-        limit=_num(limit.group(1)) if limit else None,
+        prompt_tokens=_num(_first(prompt)),
+        limit=_num(_first(limit)),
         output=_num(output.group(1)) if output else None,
     )
+
+
+def _first(found: re.Match[str] | None) -> str | None:
+    """The first group a match filled (None without a match)."""
+    return next((g for g in found.groups() if g), None) if found else None
 
 
 def anthropic_figures(message: str) -> Overflow | None:

@@ -22,20 +22,22 @@ from fastapi.responses import StreamingResponse
 
 from api.deps import Services
 from api.logging import RequestLog
-from api.policies import resolve_window
+from api.policies import Window, resolve_window
 from api.prepare import Preparer
 from api.proxy.caller import Caller
 from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter
-from api.proxy.headers import passed_back, prefit_headers
+from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
-from api.proxy.streaming import Tap, passthrough
+from api.proxy.streaming import Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
 
 log = get_logger(__name__)
+
+UNKNOWN = "unknown model"
 
 
 def _raw(fit: Fit) -> int:
@@ -94,14 +96,28 @@ class Relay:
                 return self._streamed(upstream, fit)
             content = await upstream.aread()
             await upstream.aclose()
+            if self._refused_usage(upstream.status_code, content):
+                continue
             answer = _json(content)
             overflow = self.dialect.overflow(upstream.status_code, answer)
-            if overflow is not None and fit is not None:
-                retried = await self._retry(fit, overflow)
+            if overflow is not None:
+                retried = await (
+                    self._retry(fit, overflow) if fit is not None else self._learn(overflow)
+                )
                 if retried is not None:
                     fit = retried
                     continue
             return self._answered(upstream, content, answer, fit)
+
+    def _refused_usage(self, status: int, content: bytes) -> bool:
+        """Whether the upstream refused the `stream_options` prefit added (older Azure
+        API versions, some compatible servers): then it is sent again as the client sent
+        it, and the stream's prompt count goes unobserved."""
+        if self.streamed is None or status != 400 or b"stream_options" not in content:
+            return False
+        self.streamed, self.strip = None, False
+        log.info("proxy.usage_refused", upstream=self.dialect.name)
+        return True
 
     # --- the fit -------------------------------------------------------------------------
     async def _first_fit(self) -> Fit | None:
@@ -109,9 +125,14 @@ class Relay:
         try:
             window = resolve_window(self.svc.settings, self.model, None)
         except UnknownModel:
-            return self._skip("unknown model")
+            learned = self.svc.learned.get(self.caller.tenant, self.model)
+            return self._skip(UNKNOWN) if learned is None else await self._fit_in(learned)
         except ConfigError:  # a configured window not larger than its reserve
             return self._skip("no usable window")
+        return await self._fit_in(window)
+
+    async def _fit_in(self, window: Window) -> Fit | None:
+        """The fit at pressure 1 to `window`, or None (with `label` saying why)."""
         try:
             messages, tools = self.dialect.transcript(self.body, self.svc.validated.validate)
         except InvalidTranscript as exc:
@@ -172,6 +193,21 @@ class Relay:
         except DoesNotFit:
             return None
 
+    async def _learn(self, overflow: Overflow) -> Fit | None:
+        """After an overflow of a request sent unfitted for want of a window: the fit to the
+        window the error states (api/proxy/learned.py); None when there is none."""
+        if self.label != f"skipped ({UNKNOWN})" or self.retries >= MAX_RETRIES:
+            return None
+        window = self.svc.learned.learn(
+            self.caller.tenant, self.model, overflow, self.svc.settings.reserve_output
+        )
+        if window is None:
+            return None
+        self.retries += 1
+        self.rec.retries = self.retries
+        log.info("proxy.window_learned", model=self.model, window=window.max_input_tokens)
+        return await self._fit_in(window)
+
     async def _smaller(self, last: Fit, pressure: float) -> Fit:
         """The fit at `pressure`, or lower until it is smaller than `last` (the target's
         slack can make a lower pressure cut nothing more; resending it would be futile)."""
@@ -194,14 +230,8 @@ class Relay:
         return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
-        out = {"content-type": "application/json", **self.dialect.defaults()}
-        out.update({h: self.headers[h] for h in self.dialect.forwarded if h in self.headers})
         key = self.svc.transport.upstreams[self.dialect.name].key
-        if self.caller.provider_auth:
-            out.update(self.caller.provider_auth)
-        elif key:
-            out.update(self.dialect.auth(key))
-        return out
+        return upstream_headers(self.dialect, self.caller, key, self.headers)
 
     # --- the answer ----------------------------------------------------------------------
     def _answered(
@@ -225,11 +255,15 @@ class Relay:
             self.background.add_task(self._observe_stream, fit, tap)
         self._settle()
         return StreamingResponse(
-            passthrough(upstream, tap, self.rec),
+            passthrough(upstream, tap, self.rec, self._broken()),
             status_code=upstream.status_code,
             headers=self._answer_headers(upstream.headers, fit),
             background=self.background,
         )
+
+    def _broken(self) -> bytes:
+        message = f"{self.dialect.name} upstream broke off the stream"
+        return error_event(self.dialect.error(502, message))
 
     def _unreachable(self, exc: httpx.TransportError, fit: Fit | None) -> Response:
         timeout = isinstance(exc, httpx.TimeoutException)

@@ -1,7 +1,8 @@
-"""The proxy's routes: `POST /v1/chat/completions`, `POST /v1/messages` (and its
-`/count_tokens`, api/proxy/forward.py), and `GET /v1/models`.
+"""The proxy's routes: `POST /v1/chat/completions`, `POST /v1/messages` and its
+`/count_tokens` (api/proxy/forward.py); and the provider endpoints passed through unfitted
+or refused (api/proxy/passthrough.py).
 
-They take the provider's own request body and answer the provider's own response, so they
+The fitted ones take the provider's own request body and answer the provider's own response, so they
 stay out of prefit's OpenAPI schema (docs/api.md, "Drop-in proxy", documents them). Errors
 of prefit itself (no or a wrong key, a body that is not a JSON object, a bad conversation
 header) are shaped as the provider shapes its errors, so the SDKs raise their usual types.
@@ -9,7 +10,7 @@ header) are shaped as the provider shapes its errors, so the SDKs raise their us
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -22,8 +23,9 @@ from api.proxy.anthropic import AnthropicDialect
 from api.proxy.caller import identify
 from api.proxy.codec import loads
 from api.proxy.dialect import Dialect
-from api.proxy.forward import CountRelay, models
+from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
+from api.proxy.passthrough import forward, not_served
 from api.proxy.relay import Relay
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
@@ -31,6 +33,7 @@ OPENAI_DIALECT = OpenAIDialect()
 ANTHROPIC_DIALECT = AnthropicDialect()
 
 router = APIRouter()
+_ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 @router.post("/v1/chat/completions", include_in_schema=False)
@@ -51,54 +54,77 @@ async def count_tokens(request: Request) -> Response:
     return await proxy(request, ANTHROPIC_DIALECT, CountRelay)
 
 
-@router.api_route(
-    "/v1/messages/{rest:path}",
-    methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-    include_in_schema=False,
-)
+@router.api_route("/v1/messages/{rest:path}", methods=_ANY, include_in_schema=False)
 async def messages_other(request: Request, rest: str) -> Response:
     """Anything else under `/v1/messages` (message batches, ...): an Anthropic 404."""
     message = (
         f"prefit's proxy does not serve /v1/messages/{rest}: it serves POST /v1/messages and "
         "POST /v1/messages/count_tokens (send message batches to the provider directly)"
     )
-    return _refused(request, ANTHROPIC_DIALECT, NotFound(message))
+    return _error(request, ANTHROPIC_DIALECT, NotFound(message))
 
 
 @router.get("/v1/models", include_in_schema=False)
+async def models(request: Request) -> Response:
+    """The provider's model list (Anthropic's when the SDK sends `anthropic-version`)."""
+    return await _passed(request, "/models")
+
+
 @router.get("/v1/models/{model_id:path}", include_in_schema=False)
-async def list_models(request: Request) -> Response:
-    """The provider's model list (Anthropic's when `anthropic-version` is sent, else OpenAI's)."""
-    anthropic = "anthropic-version" in request.headers
-    dialect: Dialect = ANTHROPIC_DIALECT if anthropic else OPENAI_DIALECT
-    svc: Services = request.app.state.services
-    try:
-        caller = identify(request.headers, svc.keyring, svc.settings)
-    except PrefitError as exc:
-        return _refused(request, dialect, exc)
-    request_log(request).tenant = caller.tenant
-    path = request.url.path.removeprefix("/v1")
-    return await models(svc, dialect, caller, path, request.headers, request.url.query)
+async def model(request: Request, model_id: str) -> Response:
+    """One model of the provider's list."""
+    return await _passed(request, f"/models/{model_id}")
+
+
+@router.post("/v1/embeddings", include_in_schema=False)
+async def embeddings(request: Request) -> Response:
+    """OpenAI embeddings, passed through: there is no conversation to fit."""
+    return await _shaped(request, OPENAI_DIALECT, forward(request, OPENAI_DIALECT, "/embeddings"))
+
+
+@router.api_route("/v1/responses{rest:path}", methods=_ANY, include_in_schema=False)
+@router.api_route("/v1/completions", methods=_ANY, include_in_schema=False)
+@router.api_route("/v1/chat/completions/{rest:path}", methods=_ANY, include_in_schema=False)
+@router.get("/v1/chat/completions", include_in_schema=False)
+async def not_served_here(request: Request) -> Response:
+    """Provider endpoints prefit does not serve: a 404 the SDK reads."""
+    return _error(request, OPENAI_DIALECT, not_served(request))
 
 
 async def proxy(
     request: Request, dialect: Dialect, relay_type: Callable[..., Relay] = Relay
 ) -> Response:
     """Authenticate, read the body, and relay it (prefit's own errors in `dialect`'s shape)."""
+    return await _shaped(request, dialect, _relayed(request, dialect, relay_type))
+
+
+async def _relayed(
+    request: Request, dialect: Dialect, relay_type: Callable[..., Relay]
+) -> Response:
     svc: Services = request.app.state.services
     rec = request_log(request)
+    caller = identify(request.headers, svc.keyring, svc.settings)
+    rec.tenant = caller.tenant
+    raw = await request.body()
+    relay = relay_type(svc, dialect, caller, _object(raw), raw, request.headers, rec)
+    return await relay.run()
+
+
+async def _passed(request: Request, path: str) -> Response:
+    anthropic = "anthropic-version" in request.headers
+    dialect: Dialect = ANTHROPIC_DIALECT if anthropic else OPENAI_DIALECT
+    return await _shaped(request, dialect, forward(request, dialect, path))
+
+
+async def _shaped(request: Request, dialect: Dialect, answer: Awaitable[Response]) -> Response:
+    """`answer`, or prefit's own error in `dialect`'s shape."""
     try:
-        caller = identify(request.headers, svc.keyring, svc.settings)
-        rec.tenant = caller.tenant
-        raw = await request.body()
-        relay = relay_type(svc, dialect, caller, _object(raw), raw, request.headers, rec)
-        return await relay.run()
+        return await answer
     except PrefitError as exc:
-        return _refused(request, dialect, exc)
+        return _error(request, dialect, exc)
 
 
-def _refused(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
-    """prefit's own error `exc`, in `dialect`'s error shape."""
+def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
     request_log(request).error = type(exc).__name__
     status = status_of(exc)
     status = 400 if status == 422 else status  # providers answer bad requests with 400

@@ -5,7 +5,9 @@ event goes on to the client as soon as it is in, unchanged; nothing waits for th
 `Tap` sees every event on the way: it reads the provider's usage and may drop the one event
 prefit itself asked for (OpenAI's usage chunk when the client did not want it). A client
 that goes away cancels the generator, which closes the upstream response at once, so the
-provider stops generating; a provider that breaks off mid-stream ends the client's stream.
+provider stops generating. A provider that breaks off mid-stream ends the client's stream
+with an `error` event (`broken`), which both SDKs raise, so a cut answer is never taken for
+a whole one.
 """
 
 from __future__ import annotations
@@ -72,8 +74,16 @@ def data_of(event: bytes) -> Any:
         return None
 
 
-async def passthrough(response: httpx.Response, tap: Tap, rec: RequestLog) -> AsyncIterator[bytes]:
-    """The upstream's events, as they arrive, less those `tap` drops."""
+def error_event(body: Any) -> bytes:
+    """An SSE `error` event carrying `body` (an error body of the stream's protocol)."""
+    return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def passthrough(
+    response: httpx.Response, tap: Tap, rec: RequestLog, broken: bytes = b""
+) -> AsyncIterator[bytes]:
+    """The upstream's events, as they arrive, less those `tap` drops; `broken` if the
+    upstream breaks off."""
     events = Events()
     try:
         async for chunk in response.aiter_bytes():
@@ -85,6 +95,7 @@ async def passthrough(response: httpx.Response, tap: Tap, rec: RequestLog) -> As
     except httpx.TransportError as exc:  # the client's stream ends where the provider's did
         rec.error = "UpstreamBroke"
         log.warning("proxy.upstream_broke", error=type(exc).__name__)
+        yield broken  # a partial last event was never sent: this one stands alone
     except (asyncio.CancelledError, GeneratorExit):
         rec.error = "ClientDisconnected"
         raise

@@ -29,23 +29,27 @@ class Upstream:
     name: str
     url: str  # the full URL of the endpoint
     key: str | None
+    root: str = ""  # the API's base URL, ending in /v1 (other endpoints: `Transport.forward`)
 
 
 def upstreams_of(settings: Settings) -> dict[str, Upstream]:
     """The two upstreams of the settings (`PREFIT_OPENAI_*`, `PREFIT_ANTHROPIC_*`)."""
     openai_key = settings.openai_api_key
     anthropic_key = settings.anthropic_api_key
-    anthropic_root = settings.anthropic_base_url.rstrip("/").removesuffix("/v1")
+    openai_root = settings.openai_base_url.rstrip("/")
+    anthropic_root = settings.anthropic_base_url.rstrip("/").removesuffix("/v1") + "/v1"
     return {
         OPENAI: Upstream(
             OPENAI,
-            settings.openai_base_url.rstrip("/") + "/chat/completions",
+            openai_root + "/chat/completions",
             openai_key.get_secret_value() if openai_key else None,
+            openai_root,
         ),
         ANTHROPIC: Upstream(
             ANTHROPIC,
-            anthropic_root + "/v1/messages",
+            anthropic_root + "/messages",
             anthropic_key.get_secret_value() if anthropic_key else None,
+            anthropic_root,
         ),
     }
 
@@ -88,6 +92,14 @@ class Transport:
             "POST", self.upstreams[name].url, headers=dict(headers), content=body
         )
         return await client.send(request, stream=True)
+
+    async def forward(
+        self, name: str, method: str, path: str, headers: Mapping[str, str], body: bytes
+    ) -> httpx.Response:
+        """`method` `path` (under the API's /v1, with its query) of upstream `name`, read."""
+        client = self.client(name)
+        url = self.upstreams[name].root + path
+        return await client.request(method, url, headers=dict(headers), content=body or None)
 
     async def aclose(self) -> None:
         """Close the running loop's clients."""

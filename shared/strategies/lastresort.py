@@ -5,7 +5,10 @@ head and the recent turns are never cleared or dropped, so a small window can be
 a few large outputs in the very turns the model needs. Before `prepare` gives up with
 `DoesNotFit`, the tool results still in the prompt are shortened further (start and end
 kept, the same marker as truncation), oldest first, so the very last result is cut last,
-each only as deep as the remaining excess needs and never below `FLOOR_CHARS`.
+each only as deep as the remaining excess needs and never below `FLOOR_CHARS`. If that is
+not enough, the long texts of the other messages outside the head follow the same way
+(an agent's 30k-character reasoning or a pasted log among the recent turns), oldest first;
+the head (system prompt, task) and the transcript's last message are never cut.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ def shorten_protected(work: Work, budget: int) -> None:
         return
     changed: list[int] = []
     positions = [p for p, m in enumerate(work.messages) if _is_long_result(m)]
+    positions += [p for p in range(len(work.messages)) if _is_long_text(work, p)]
     for p in positions:
         if work.tokens() <= budget:
             break
@@ -74,6 +78,14 @@ def _put(work: Work, p: int, m: Message) -> None:
 
 def _is_long_result(m: Any) -> bool:
     return isinstance(m, dict) and m.get("role") == "tool" and _text_chars(m) > FLOOR_CHARS
+
+
+def _is_long_text(work: Work, p: int) -> bool:
+    """A long text outside the head that is not a tool result nor the transcript's last."""
+    m, o = work.messages[p], work.origin[p]
+    if not isinstance(m, dict) or m.get("role") == "tool" or _text_chars(m) <= FLOOR_CHARS:
+        return False
+    return 0 <= o < len(work.transcript) - 1 and not work.head.protects(o)
 
 
 def _text_chars(m: Message) -> int:

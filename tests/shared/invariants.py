@@ -10,13 +10,17 @@ from shared.errors import DoesNotFit
 from shared.messages import Message, groups, validate
 from shared.policy import ContextPolicy, Prepared
 
+CUT_MARK = "characters cut to save context ...]"
+
 
 def _same_or_shortened(orig: Message, out: Message) -> bool:
     if orig == out:
         return True
     keys = ("role", "tool_call_id", "tool_calls", "name")
-    if any(orig.get(k) != out.get(k) for k in keys) or orig.get("role") != "tool":
+    if any(orig.get(k) != out.get(k) for k in keys):
         return False
+    if orig.get("role") != "tool":  # the last resort's cut of a long text, marked as such
+        return CUT_MARK in str(out.get("content")) and CUT_MARK not in str(orig.get("content"))
     return isinstance(out.get("content"), str | list)  # cleared or truncated tool output
 
 

@@ -7,7 +7,7 @@ import uuid
 import openai
 
 from api.app import create_app
-from tests.api.conftest import Recorder, key_of
+from tests.api.conftest import Recorder, key_of, make_settings
 from tests.api.helpers import chat
 from tests.api.proxy.conftest import proxy_settings, sent_fits
 from tests.api.server import serve
@@ -61,3 +61,47 @@ def test_a_deployment_can_forward_each_clients_own_provider_key(redis_url: str) 
     keys = [r.headers["authorization"] for r in fake.received]
     assert keys == ["Bearer sk-the-clients-own", "Bearer sk-upstream-openai"]
     assert all("x-prefit-api-key" not in r.headers for r in fake.received)
+
+
+def test_the_clients_organization_and_project_go_with_its_own_key_only(redis_url: str) -> None:
+    """`OpenAI(organization=, project=)`: forwarded beside the client's own key (they say
+    which account it bills), never beside the deployment's key."""
+    fake = FakeProvider()
+    tenant, model = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
+    account = {"organization": "org-client", "project": "proj_client", "max_retries": 0}
+    with serve(fake.app) as fake_url:
+        settings = proxy_settings(
+            redis_url, model, tenant, fake_url, proxy_forward_client_keys=True
+        )
+        with serve(create_app(settings, enqueue=Recorder())) as url:
+            own = openai.OpenAI(
+                base_url=f"{url}/v1",
+                api_key="sk-the-clients-own",
+                default_headers={"X-Prefit-Api-Key": key_of(tenant)},
+                **account,  # type: ignore[arg-type]
+            )
+            own.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+            plain = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), **account)  # type: ignore[arg-type]
+            plain.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+    first, second = (r.headers for r in fake.received)
+    assert (first["openai-organization"], first["openai-project"]) == ("org-client", "proj_client")
+    assert "openai-organization" not in second and "openai-project" not in second
+
+
+def test_open_mode_without_a_deployment_key_sends_the_sdks_own_key(redis_url: str) -> None:
+    """`prefit up` with no keys in front of the client's own account: the SDK's key goes
+    upstream (it was dropped, and the provider refused the request); a deployment key, once
+    configured, is used instead."""
+    fake = FakeProvider()
+    model = f"m-{uuid.uuid4().hex[:8]}"
+    with serve(fake.app) as fake_url:
+        bare = make_settings(redis_url, model, openai_base_url=f"{fake_url}/v1")
+        keyed = make_settings(
+            redis_url, model, openai_base_url=f"{fake_url}/v1", openai_api_key="sk-deploy"
+        )
+        for settings in (bare, keyed):
+            with serve(create_app(settings, enqueue=Recorder())) as url:
+                own = openai.OpenAI(base_url=f"{url}/v1", api_key="sk-mine", max_retries=0)
+                own.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+    keys = [r.headers.get("authorization") for r in fake.received]
+    assert keys == ["Bearer sk-mine", "Bearer sk-deploy"]

@@ -14,7 +14,7 @@ from tests.api.proxy.test_anthropic import sdk
 def test_models_list_is_the_providers(proxy: Proxy) -> None:
     """`models.list()` and `models.retrieve()` reach Anthropic's model list with the
     deployment's key; a wrong prefit key is an AuthenticationError."""
-    assert [m.id for m in sdk(proxy).models.list()] == ["fake-1"]
+    assert [m.id for m in sdk(proxy).models.list()] == ["fake-model"]
     got = proxy.fake.received[0]
     assert (got.path, got.protocol) == ("/v1/models", "anthropic")
     assert got.headers["x-api-key"] == "sk-upstream-anthropic"
@@ -40,7 +40,7 @@ def test_message_batches_get_an_anthropic_not_found(proxy: Proxy) -> None:
 def test_models_list_without_anthropic_version_is_openais(proxy: Proxy) -> None:
     """The OpenAI SDK's `models.list()` reaches OpenAI's list with the deployment's key."""
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=proxy.key, max_retries=0)
-    assert [m.id for m in client.models.list()] == ["fake-1"]
+    assert [m.id for m in client.models.list()] == ["fake-model"]
     got = proxy.fake.received[0]
     assert (got.path, got.protocol) == ("/v1/models", "openai")
     assert got.headers["authorization"] == "Bearer sk-upstream-openai"

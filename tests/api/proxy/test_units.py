@@ -11,6 +11,7 @@ from api.proxy.anthropic import AnthropicDialect, StartTap, source_index
 from api.proxy.caller import identify
 from api.proxy.codec import dumps, loads
 from api.proxy.identity import conversation_id, derived_id
+from api.proxy.learned import LearnedWindows
 from api.proxy.openai import OpenAIDialect, UsageTap
 from api.proxy.overflow import (
     FLOOR,
@@ -42,6 +43,21 @@ def test_openai_overflow_figures_are_read_from_each_wording() -> None:
         "in 300000 tokens."
     ) == Overflow(300_000, 272_000, None)
     assert openai_figures("context_length_exceeded") == Overflow()
+
+
+def test_compatible_servers_overflow_wordings_are_recognised_with_their_figures() -> None:
+    """Mistral's and Anthropic's wordings in an OpenAI error, and llama.cpp's (no figures)."""
+    assert openai_figures(
+        "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 "
+        "maximum context length"
+    ) == Overflow(40_000, 32_768, None)
+    assert openai_figures("prompt is too long: 210000 tokens > 200000 maximum") == Overflow(
+        210_000, 200_000, None
+    )
+    error = {"message": "the request exceeds the available context size", "code": None}
+    assert OpenAIDialect().overflow(400, {"error": error}) == Overflow()
+    error = {"message": "Rate limit reached for requests", "code": None}
+    assert OpenAIDialect().overflow(400, {"error": error}) is None
 
 
 def test_anthropic_overflow_figures_and_other_errors() -> None:
@@ -183,3 +199,16 @@ def test_source_index_maps_a_converted_message_to_its_anthropic_message() -> Non
     assert found == [None, 0, 1, 2, 2, 2, 3]
     assert source_index(None, given, 5) == 3
     assert source_index(None, given, None) is None
+
+
+def test_a_learned_window_is_the_tenants_own() -> None:
+    """A window learned from one tenant's overflow fits that tenant's later requests only;
+    another tenant's, and another app's, are still forwarded as unknown."""
+    learned = LearnedWindows()
+    window = learned.learn("alice", "m-x", Overflow(prompt_tokens=9_000, limit=8_192), 1_024)
+    assert window is not None and window.max_input_tokens == 8_192
+    assert learned.get("alice", "m-x") == window
+    assert learned.get("bob", "m-x") is None
+    assert LearnedWindows().get("alice", "m-x") is None
+    assert learned.learn("alice", "m-y", Overflow(prompt_tokens=9_000), 1_024) is None
+

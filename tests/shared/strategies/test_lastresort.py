@@ -91,3 +91,19 @@ def test_does_not_fit_only_when_the_floor_is_not_enough() -> None:
     assert_justified(e)
     # the figures are of the tail as it stands: outputs at the floor, the paste whole
     assert e.tail_tokens < COUNTER.count(msgs[-5:]) and e.tail_tokens > 30_000 / 3.5
+
+
+def test_a_long_reply_among_the_recent_turns_is_shortened_when_outputs_are_not_enough() -> None:
+    """An agent's 33k-character reply in the protected turns of a 6k window (as in a real
+    SWE-bench run): cut in its middle, not refused; the task and the last message whole."""
+    msgs = session([500] * 4)
+    reply = "BEGINR " + "thinking aloud " * 2_200 + " ENDR"
+    msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "go on"}]
+    policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=1_000)
+    out = prepare(policy, msgs)
+    check(policy, msgs, out, counter=COUNTER)
+    [entry] = [a for a in out.report["applied"] if a["strategy"] == NAME]
+    assert len(msgs) - 2 in entry["messages"]
+    short = next(m for m in out.messages if str(m.get("content")).startswith("BEGINR"))
+    assert short["content"].endswith("ENDR") and len(short["content"]) < len(reply)
+    assert out.messages[1] == msgs[1] and out.messages[-1] == msgs[-1]

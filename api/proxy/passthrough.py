@@ -1,0 +1,75 @@
+"""The provider endpoints the proxy passes through unfitted, and those it does not serve.
+
+Clients pointed at prefit by a base URL (`OPENAI_BASE_URL`) send it every call of their SDK,
+not only chat: frameworks list the models at start-up (`GET /v1/models`, also Anthropic's,
+told apart by the `anthropic-version` header its SDK always sends) and embed through the
+same base URL (`POST /v1/embeddings`). Those have no conversation to fit: they go to the
+provider as they came (the deployment's key in place of prefit's), and its answer comes
+back as it is. Other provider endpoints (the Responses API, legacy completions, ...) are
+answered with a 404 in the provider's error shape saying what prefit serves, so the SDK
+raises `NotFoundError` with a message that explains it.
+"""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import Request, Response
+
+from api.deps import Services
+from api.logging import request_log
+from api.proxy.caller import identify
+from api.proxy.codec import dumps
+from api.proxy.dialect import Dialect
+from api.proxy.headers import passed_back, upstream_headers
+from shared.errors import NotFound
+from shared.logs import get_logger
+
+log = get_logger(__name__)
+
+SERVED = "/v1/chat/completions (OpenAI), /v1/messages (Anthropic), /v1/models, /v1/embeddings"
+
+
+async def forward(request: Request, dialect: Dialect, path: str) -> Response:
+    """`request` to `dialect`'s upstream at `path` (under /v1), answered as it came;
+    `PrefitError` for a caller prefit does not know."""
+    svc: Services = request.app.state.services
+    rec = request_log(request)
+    caller = identify(request.headers, svc.keyring, svc.settings)
+    rec.tenant = caller.tenant
+    body = await request.body()
+    key = svc.transport.upstreams[dialect.name].key
+    headers = upstream_headers(dialect, caller, key, request.headers)
+    if not body:
+        headers.pop("content-type")
+    query = f"?{request.url.query}" if request.url.query else ""
+    try:
+        answer = await svc.transport.forward(
+            dialect.name, request.method, path + query, headers, body
+        )
+    except httpx.TransportError as exc:
+        timeout = isinstance(exc, httpx.TimeoutException)
+        status = 504 if timeout else 502
+        rec.error = "UpstreamTimeout" if timeout else "UpstreamUnreachable"
+        log.warning("proxy.upstream_failed", upstream=dialect.name, error=type(exc).__name__)
+        problem = "timed out" if timeout else "unreachable"
+        return _error(dialect, status, f"{dialect.name} upstream {problem}")
+    rec.upstream_status = answer.status_code
+    return Response(
+        answer.content, status_code=answer.status_code, headers=passed_back(answer.headers)
+    )
+
+
+def not_served(request: Request) -> NotFound:
+    """The error for a provider endpoint prefit does not serve."""
+    return NotFound(
+        f"prefit's proxy does not serve {request.method} {request.url.path}: it serves "
+        f"{SERVED}; call other endpoints at the provider itself"
+    )
+
+
+def _error(dialect: Dialect, status: int, message: str) -> Response:
+    return Response(
+        dumps(dialect.error(status, message)),
+        status_code=status,
+        media_type="application/json",
+    )
