@@ -96,7 +96,7 @@ class RequestLogger:
             await self.app(scope, receive, capture)
         except Exception as exc:  # a bug: answered here, so no server logs its message
             record.error = "InternalError"
-            log.error("request.crashed", error=type(exc).__name__, stack=_frames(exc))
+            log.error("request.crashed", error=type(exc).__name__, frames=_frames(exc))
             if record.status:
                 raise  # the answer had started: only closing the connection is left
             await _crashed(capture)

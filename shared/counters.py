@@ -126,7 +126,10 @@ class CachedCounter(ABC):
         if last is not None and last[0] == specs:
             return last[1]
         tokens = self._tools_tokens(tools_json(specs))
-        self._last_tools = (copy.deepcopy(specs), tokens)
+        try:
+            self._last_tools = (copy.deepcopy(specs), tokens)
+        except RecursionError:  # nested deeper than copy can go (JSON went): not remembered
+            self._last_tools = None
         return tokens
 
     def _cached_measure(self, key: Key) -> int:

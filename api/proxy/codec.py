@@ -24,7 +24,10 @@ def loads(raw: bytes) -> Any:
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return json.loads(raw)  # raises ValueError for what is not JSON at all
+        try:
+            return json.loads(raw)  # raises ValueError for what is not JSON at all
+        except RecursionError:  # orjson stops at 1,024 levels, the stdlib at the stack
+            raise ValueError("nested too deeply (over 1,024 levels)") from None
     if isinstance(value, dict) and any(
         _has_big(v) for k, v in value.items() if k not in _TRANSCRIPT
     ):

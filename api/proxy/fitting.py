@@ -130,7 +130,8 @@ class Fitter:
                 tools=self.tools,
                 hashes=hashes,
             )
-        except PrefitError as exc:  # the answer stands; the next request syncs again
+        except (PrefitError, RecursionError) as exc:  # the answer stands; the next request
+            # syncs again (RecursionError: nested deeper than hashing recurses on this thread)
             log.warning(
                 "proxy.sync_failed",
                 tenant=self.tenant,

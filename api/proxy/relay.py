@@ -134,6 +134,13 @@ class Relay:
     async def _fit_in(self, window: Window) -> Fit | None:
         """The fit at pressure 1 to `window`, or None (with `label` saying why)."""
         try:
+            return await self._fit_to(window)
+        except RecursionError:  # JSON nested past what copying and hashing recurse through
+            self.fitter = None
+            return self._skip("nested too deeply")
+
+    async def _fit_to(self, window: Window) -> Fit | None:
+        try:
             messages, tools = self.dialect.transcript(self.body, self.svc.validated.validate)
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""

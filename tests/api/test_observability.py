@@ -60,8 +60,10 @@ def test_a_bug_is_a_logged_500_without_details(
         r = client.get(f"/v1/conversations/{conv_id()}")
     assert r.status_code == 500 and SECRET not in r.text
     [crash] = [e for e in logs if e["event"] == "request.crashed"]
-    assert crash["error"] == "RuntimeError" and any("broken" in f for f in crash["stack"])
+    assert crash["error"] == "RuntimeError" and any("broken" in f for f in crash["frames"])
     assert SECRET not in repr(logs)
+    # on a terminal the console renderer takes a `stack` key for a string to append
+    assert "request.crashed" in structlog.dev.ConsoleRenderer(colors=False)(None, "error", crash)
 
 
 def test_one_canonical_line_per_request_without_content(

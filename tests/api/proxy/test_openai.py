@@ -283,3 +283,29 @@ def test_under_the_trigger_the_headers_say_what_the_stored_prepare_says(proxy: P
     assert raw.headers["x-prefit-fit"] == "unchanged"
     assert int(raw.headers["x-prefit-tokens-before"]) == prepared["report"]["tokens_before"]
     assert int(raw.headers["x-prefit-tokens-after"]) == prepared["tokens"]
+
+
+def nested_schema(levels: int) -> str:
+    """A tool's JSON Schema nested `levels` objects deep (2 JSON levels each), as raw JSON:
+    deeper than the stdlib encoder the client would use can write."""
+    inner = '{"type":"object","properties":{"x":' * levels + '{"type":"string"}' + "}}" * levels
+    return '[{"type":"function","function":{"name":"f","parameters":' + inner + "}}]"
+
+
+@pytest.mark.parametrize("levels", [450, 600])
+def test_deeply_nested_tools_are_fitted_or_refused_never_a_500(proxy: Proxy, levels: int) -> None:
+    """Tools 900 JSON levels deep are counted and fitted; past orjson's 1,024 levels the
+    body is a 400 in OpenAI's shape saying so, not a crash of the JSON fallback."""
+    body = json.dumps({"model": proxy.model, "messages": [user("hi")], "tools": "T"})
+    raw = body.replace('"T"', nested_schema(levels))
+    r = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        content=raw,
+        headers={"authorization": f"Bearer {proxy.key}", "content-type": "application/json"},
+    )
+    if levels < 512:
+        assert r.status_code == 200 and r.headers["x-prefit-fit"] == "unchanged"
+        assert len(proxy.fake.received) == 1
+    else:
+        assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+        assert proxy.fake.received == []
