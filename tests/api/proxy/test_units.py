@@ -211,4 +211,3 @@ def test_a_learned_window_is_the_tenants_own() -> None:
     assert learned.get("bob", "m-x") is None
     assert LearnedWindows().get("alice", "m-x") is None
     assert learned.learn("alice", "m-y", Overflow(prompt_tokens=9_000), 1_024) is None
-
