@@ -9,6 +9,7 @@ is not here yet), changed.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from shared.errors import DoesNotFit
@@ -66,12 +67,15 @@ def does_not_fit(work: Work, after: int, floor_chars: int) -> DoesNotFit:
     head = [m for m, o in kept if work.head.protects(o)]
     tail = [m for m, o in kept if o >= work.tail_start]
     other = [m for m, o in kept if not work.head.protects(o) and o < work.tail_start]
+    def scaled(tokens: int) -> int:  # as `after` is: at pressure < 1, the size assumed
+        return math.ceil(tokens / work.pressure) if work.pressure != 1.0 else tokens
+
     return DoesNotFit(
         tokens=after,
         budget=work.limits.budget,
-        head_tokens=count(head, (), work.model),
-        tail_tokens=count(tail, (), work.model),
-        tools_tokens=work.counter.count_tools(work.tools, work.model),
-        other_tokens=count(other, (), work.model) if other else 0,
+        head_tokens=scaled(count(head, (), work.model)),
+        tail_tokens=scaled(count(tail, (), work.model)),
+        tools_tokens=scaled(work.counter.count_tools(work.tools, work.model)),
+        other_tokens=scaled(count(other, (), work.model)) if other else 0,
         floor_chars=floor_chars,
     )

@@ -107,3 +107,18 @@ def test_a_long_reply_among_the_recent_turns_is_shortened_when_outputs_are_not_e
     short = next(m for m in out.messages if str(m.get("content")).startswith("BEGINR"))
     assert short["content"].endswith("ENDR") and len(short["content"]) < len(reply)
     assert out.messages[1] == msgs[1] and out.messages[-1] == msgs[-1]
+
+
+def test_refusal_figures_add_up_under_pressure() -> None:
+    """At pressure 0.5 the refusal's parts are scaled as its total is, so they add up to it
+    (within a few tokens of per-message rounding) instead of to half of it."""
+    msgs = session([5_000, 5_000])
+    msgs.append({"role": "user", "content": "paste: " + "p" * 30_000})
+    policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1_000)
+    with pytest.raises(DoesNotFit) as info:
+        asyncio.run(policy.prepare(msgs, pressure=0.5))
+    e = info.value
+    parts = e.head_tokens + e.tail_tokens + e.tools_tokens + e.other_tokens
+    assert abs(parts - e.tokens) <= 8, (parts, e.tokens)
+    assert_justified(e)
+
