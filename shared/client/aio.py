@@ -79,10 +79,14 @@ class AsyncPrefitClient(Retrying):
         tools: Sequence[ToolSpec] = (),
         format: Format = "openai",
         system: Any = None,
+        expected_length: int | None = None,
     ) -> AppendResult:
-        """Replace a conversation's whole transcript."""
+        """Replace a conversation's whole transcript (409 `LengthMismatch` unless the stored
+        length is `expected_length`, when given: an edit based on what was read)."""
         return await self._call(
-            replace_call(conv_id, messages, model, max_input_tokens, tools, format, system)
+            replace_call(
+                conv_id, messages, model, max_input_tokens, tools, format, system, expected_length
+            )
         )
 
     async def get(self, conv_id: str) -> ConversationInfo:

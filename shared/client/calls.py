@@ -224,8 +224,11 @@ def replace_call(
     tools: Sequence[ToolSpec],
     format: str,
     system: Any,
+    expected_length: int | None = None,
 ) -> Call[AppendResult]:
     body = _transcript_body(messages, model, max_input_tokens, tools, format, system)
+    if expected_length is not None:
+        body["expected_length"] = expected_length
     return Call("PUT", _conv_path(conv_id), body, AppendResult.from_json, True)
 
 

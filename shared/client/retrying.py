@@ -19,6 +19,7 @@ from shared.client.calls import Call, unreachable
 from shared.logs import get_logger
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+MAX_RETRY_AFTER_S = 60.0  # a Retry-After honoured up to this; past it, our own backoff
 # Connection attempts that failed before any byte was sent: always safe to repeat.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 log = get_logger(__name__)
@@ -42,8 +43,8 @@ class Retrying:
             return None
         if response is not None:
             stated = _retry_after(response.headers.get("Retry-After"))
-            if stated is not None:
-                return stated
+            if stated is not None and stated <= MAX_RETRY_AFTER_S:
+                return stated  # longer ones (a misconfigured proxy): our own backoff
         step = min(self._max_backoff, self._backoff * 2.0**attempt)
         return step * (0.5 + random.random() / 2)  # jitter: replicas must not retry in step
 

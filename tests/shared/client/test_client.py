@@ -263,6 +263,32 @@ def test_503_is_retried_honouring_retry_after(sleeps: list[float]) -> None:
     assert len(rec.requests) == 3
 
 
+def test_an_hour_long_retry_after_is_not_slept(sleeps: list[float]) -> None:
+    """A Retry-After past a minute (a misconfigured proxy in front) is replaced by the
+    client's own backoff instead of blocking the caller for an hour."""
+    busy = httpx.Response(
+        503,
+        headers={"Retry-After": "3600"},
+        json={"error": {"type": "StoreUnavailable", "message": "down"}},
+    )
+    rec = Recorder(busy, httpx.Response(200, json=APPENDED))
+    with _client(rec, backoff=0.1) as c:
+        assert c.append("c1", [], model="m").length == 3
+    assert len(sleeps) == 1 and sleeps[0] <= 0.1
+
+
+def test_replace_sends_the_expected_length() -> None:
+    """`replace(..., expected_length=n)` asks the service to refuse an edit of a transcript
+    that changed since it was read; without it the field is not sent."""
+    rec = Recorder(httpx.Response(200, json=APPENDED), httpx.Response(200, json=APPENDED))
+    msgs = [{"role": "user", "content": "hi"}]
+    with _client(rec) as c:
+        c.replace("c1", msgs, model="m", expected_length=4)
+        c.replace("c1", msgs, model="m")
+    assert rec.body(0)["expected_length"] == 4
+    assert "expected_length" not in rec.body(1)
+
+
 def test_persistent_503_becomes_store_unavailable(sleeps: list[float]) -> None:
     """After `retries` retries a 503 raises StoreUnavailable; backoff grows without Retry-After."""
     rec = Recorder(_error(503, "StoreUnavailable", "redis down"))
