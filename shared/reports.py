@@ -67,6 +67,7 @@ def does_not_fit(work: Work, after: int, floor_chars: int) -> DoesNotFit:
     head = [m for m, o in kept if work.head.protects(o)]
     tail = [m for m, o in kept if o >= work.tail_start]
     other = [m for m, o in kept if not work.head.protects(o) and o < work.tail_start]
+
     def scaled(tokens: int) -> int:  # as `after` is: at pressure < 1, the size assumed
         return math.ceil(tokens / work.pressure) if work.pressure != 1.0 else tokens
 

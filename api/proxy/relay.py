@@ -31,6 +31,7 @@ from api.proxy.fitting import Fit, Fitter
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
+from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
@@ -126,10 +127,12 @@ class Relay:
             window = resolve_window(self.svc.settings, self.model, None)
         except UnknownModel:
             learned = self.svc.learned.get(self.caller.tenant, self.model)
-            return self._skip(UNKNOWN) if learned is None else await self._fit_in(learned)
+            if learned is None:
+                return self._skip(UNKNOWN)
+            return await self._fit_in(with_reply_room(learned, self.body))
         except ConfigError:  # a configured window not larger than its reserve
             return self._skip("no usable window")
-        return await self._fit_in(window)
+        return await self._fit_in(with_reply_room(window, self.body))
 
     async def _fit_in(self, window: Window) -> Fit | None:
         """The fit at pressure 1 to `window`, or None (with `label` saying why)."""

@@ -121,4 +121,3 @@ def test_refusal_figures_add_up_under_pressure() -> None:
     parts = e.head_tokens + e.tail_tokens + e.tools_tokens + e.other_tokens
     assert abs(parts - e.tokens) <= 8, (parts, e.tokens)
     assert_justified(e)
-
