@@ -1,10 +1,11 @@
 """Content keys of messages: exactly what a token counter reads, as a hashable tuple.
 
 A key holds the fields a counter reads (role, content, name, tool_call_id, each tool call's
-name and arguments; a null content's `refusal` text stands in for it), so equal keys mean
-equal counts and a mutated message simply gets a new key. Keys are tuples of the message's
-own strings: Python caches a string's hash on the object, so re-keying an unchanged message
-costs a few dict reads and a tuple, not a pass over its text (no JSON is built on the hot path).
+name and arguments, a legacy `function_call` as one such call; a null content's `refusal`
+text stands in for it), so equal keys mean equal counts and a mutated message simply gets
+a new key. Keys are tuples of the message's own strings: Python caches a string's hash on
+the object, so re-keying an unchanged message costs a few dict reads and a tuple, not a
+pass over its text (no JSON is built on the hot path).
 
 Key shapes: `(role, content)` for the common plain message; otherwise `(role, content,
 name, tool_call_id, calls)` with `content` a str, None or a tuple of `(type, text | None)`
@@ -53,6 +54,8 @@ def message_key(m: Mapping[str, Any]) -> Key:
     calls = m.get("tool_calls")
     if calls:
         calls = _calls_key(calls)
+    elif m.get("function_call"):
+        calls = _checked_calls([{"function": m["function_call"]}])
     return (role, content, m.get("name"), m.get("tool_call_id"), calls or None)
 
 
@@ -71,6 +74,8 @@ def checked_key(m: Any) -> Key:
     elif content is None and type(m.get("refusal")) is str:
         content = m["refusal"]
     calls = _checked_calls(m.get("tool_calls"))
+    if not calls and m.get("function_call"):
+        calls = _checked_calls([{"function": m["function_call"]}])
     return (role, content, m.get("name"), m.get("tool_call_id"), calls)
 
 

@@ -470,3 +470,11 @@ def test_tiktoken_near_real_prompt_tokens(tiktoken_counter: TiktokenCounter) -> 
     assert len(ratios) > 500
     assert min(ratios) >= 0.9 and max(ratios) <= 1.3
     assert 1.0 <= statistics.mean(ratios) <= 1.15
+
+
+def test_a_legacy_function_call_counts_its_name_and_arguments() -> None:
+    """An assistant's legacy `function_call` counts as one tool call (name, arguments and
+    per_tool_call), not as an empty message."""
+    counter = HeuristicCounter(chars_per_token=1.0, per_message=0, per_tool_call=8)
+    fc = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "ab"}}
+    assert counter.count_message(fc) == len("assistant") + 1 + 2 + 8
