@@ -54,8 +54,9 @@ __all__ = [
 # images stay under 1,105). Erring high is the safe direction for a budget.
 NON_TEXT_PART_TOKENS = 1600
 # An OpenAI `image_url` part with "detail": "low" is a fixed 512x512 thumbnail that OpenAI
-# bills 85 tokens whatever the image's size (gpt-4o, gpt-4.1 and their minis' vision
-# pricing); the Anthropic format has no such detail, so only that part counts this.
+# counts 85 tokens whatever the image's size (gpt-4o, gpt-4.1: the base of its vision cost;
+# gpt-4o-mini's usage reports a price-weighted 2,833 instead, not modelled here). The
+# Anthropic format has no such detail, so only that part counts this.
 LOW_DETAIL_IMAGE_TOKENS = 85
 # HeuristicCounter's tokens for text beyond ASCII, on top of chars / chars_per_token: per
 # UTF-8 byte past the first of a character (Cyrillic 2 bytes, CJK 3), and per character
