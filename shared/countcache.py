@@ -164,6 +164,8 @@ def private_copy(m: Message) -> Any:
                 return _NEVER
             copied.append(dict(call, function=dict(fn)))
         out["tool_calls"] = copied
+    if type(out.get("function_call")) is dict:
+        out["function_call"] = dict(out["function_call"])
     return out
 
 

@@ -1,16 +1,18 @@
 """Content keys of messages: exactly what a token counter reads, as a hashable tuple.
 
 A key holds the fields a counter reads (role, content, name, tool_call_id, each tool call's
-name and arguments; a null content's `refusal` text stands in for it), so equal keys mean
-equal counts and a mutated message simply gets a new key. Keys are tuples of the message's
-own strings: Python caches a string's hash on the object, so re-keying an unchanged message
-costs a few dict reads and a tuple, not a pass over its text (no JSON is built on the hot path).
+name and arguments, a legacy `function_call` as one such call; a null content's `refusal`
+text stands in for it), so equal keys mean equal counts and a mutated message simply gets
+a new key. Keys are tuples of the message's own strings: Python caches a string's hash on
+the object, so re-keying an unchanged message costs a few dict reads and a tuple, not a
+pass over its text (no JSON is built on the hot path).
 
 Key shapes: `(role, content)` for the common plain message; otherwise `(role, content,
 name, tool_call_id, calls)` with `content` a str, None or a tuple of `(type, text | None)`
 parts (a non-text part's text is None, or the text it carries in the clear: a thinking
 block's, a plain-text document's) and `calls` None or a tuple of `(name, arguments_json)`.
-A 1-tuple `(text,)` keys a bare text (the tool specs' JSON).
+A 1-tuple `(text,)` keys a bare text (the tool specs' JSON). An OpenAI `image_url` part
+with `"detail": "low"` is keyed `(LOW_DETAIL_KIND, None)`: it costs far less than others.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any, NamedTuple, TypeAlias
 from shared.errors import InvalidTranscript
 
 Key: TypeAlias = tuple[Any, ...]
+LOW_DETAIL_KIND = "image_url/low"  # the kind a low-detail image_url part is keyed as
 
 
 class KeyFields(NamedTuple):
@@ -31,6 +34,7 @@ class KeyFields(NamedTuple):
     non_text: int  # content parts that are not text (images, audio, files)
     calls: int  # tool calls
     named: bool  # has a `name`
+    low_detail: int = 0  # OpenAI image_url parts with "detail": "low" (not in non_text)
 
 
 def message_key(m: Mapping[str, Any]) -> Key:
@@ -50,6 +54,8 @@ def message_key(m: Mapping[str, Any]) -> Key:
     calls = m.get("tool_calls")
     if calls:
         calls = _calls_key(calls)
+    elif m.get("function_call"):
+        calls = _checked_calls([{"function": m["function_call"]}])
     return (role, content, m.get("name"), m.get("tool_call_id"), calls or None)
 
 
@@ -68,27 +74,31 @@ def checked_key(m: Any) -> Key:
     elif content is None and type(m.get("refusal")) is str:
         content = m["refusal"]
     calls = _checked_calls(m.get("tool_calls"))
+    if not calls and m.get("function_call"):
+        calls = _checked_calls([{"function": m["function_call"]}])
     return (role, content, m.get("name"), m.get("tool_call_id"), calls)
 
 
 def fields(key: Key) -> KeyFields:
     """Decompose a key into what is counted; `InvalidTranscript` if a field has a wrong type."""
     try:
-        texts, non_text, calls, named = _unpack(key) if len(key) > 2 else (list(key), 0, 0, False)
+        unpacked = _unpack(key) if len(key) > 2 else KeyFields(list(key), 0, 0, False)
     except (TypeError, ValueError):  # a field of a foreign shape (a tuple where text belongs)
-        texts = [key]
-    if not all(type(t) is str for t in texts):
+        unpacked = KeyFields([key], 0, 0, False)  # type: ignore[list-item]  # rejected below
+    if not all(type(t) is str for t in unpacked.texts):
         raise InvalidTranscript("a counted field (role, content, name, tool call) is not a string")
-    return KeyFields(texts, non_text, calls, named)
+    return unpacked
 
 
-def _unpack(key: Key) -> tuple[list[str], int, int, bool]:
+def _unpack(key: Key) -> KeyFields:
     role, content, name, call_id, calls = key
     texts = [role]
-    non_text = 0
+    non_text = low_detail = 0
     if isinstance(content, tuple):
-        for _kind, text in content:
-            if text is None:
+        for kind, text in content:
+            if kind == LOW_DETAIL_KIND:
+                low_detail += 1
+            elif text is None:
                 non_text += 1
             else:
                 texts.append(text)
@@ -97,7 +107,7 @@ def _unpack(key: Key) -> tuple[list[str], int, int, bool]:
     texts.extend(s for s in (name, call_id) if s is not None)
     for fn_name, arguments in calls or ():
         texts += (fn_name, arguments)
-    return texts, non_text, len(calls or ()), name is not None
+    return KeyFields(texts, non_text, len(calls or ()), name is not None, low_detail)
 
 
 def _calls_key(calls: Any) -> tuple[tuple[str, str], ...] | None:
@@ -121,12 +131,22 @@ def _parts_key(content: Any) -> tuple[tuple[str, str | None], ...]:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidTranscript(f"content part {k} must be an object with a string 'type'")
         if part["type"] != "text":
-            out.append((part["type"], _readable(part)))
+            out.append((_kind(part), _readable(part)))
         elif isinstance(part.get("text"), str):
             out.append(("text", part["text"]))
         else:
             raise InvalidTranscript(f"content part {k} of type 'text' needs a string 'text'")
     return tuple(out)
+
+
+def _kind(part: dict[str, Any]) -> str:
+    """A non-text part's kind as keyed: a low-detail OpenAI image apart from the rest."""
+    kind: str = part["type"]
+    if kind == "image_url":
+        image = part.get("image_url")
+        if isinstance(image, dict) and image.get("detail") == "low":
+            return LOW_DETAIL_KIND
+    return kind
 
 
 def _readable(part: dict[str, Any]) -> str | None:

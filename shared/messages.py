@@ -4,6 +4,13 @@ A message is a plain dict, as clients already hold it. A *turn group* is atomic 
 strategy: an assistant message with `tool_calls` together with the tool results that answer
 it, or any other message on its own. Tool results pair with the assistant message right
 before them, by position: real clients reuse tool-call ids within one conversation.
+
+Legacy OpenAI function calling, which OpenAI still accepts, is accepted too: an assistant
+message with a `function_call` may be answered by the `role: "function"` message right after
+it (its `name` says which function). The two form one turn group, as a tool pair does, so
+dropping and summarizing keep them together; truncating and clearing leave `function`
+results alone (they only touch `tool` messages), and the last resort cuts a long one as any
+other long text. A `function` message anywhere else is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from shared.errors import InvalidRequest, InvalidTranscript
 Message: TypeAlias = dict[str, Any]
 ToolSpec: TypeAlias = dict[str, Any]
 
-ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 HEAD_ROLES = frozenset({"system", "developer"})
 _PLAIN = frozenset({"system", "developer", "user", "assistant"})
 
@@ -32,8 +39,11 @@ def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
     try:
         while i < n:
             j = i + 1
-            if msgs[i].get("role") == "assistant" and msgs[i].get("tool_calls"):
-                while j < n and msgs[j].get("role") == "tool":
+            if msgs[i].get("role") == "assistant":
+                if msgs[i].get("tool_calls"):
+                    while j < n and msgs[j].get("role") == "tool":
+                        j += 1
+                elif j < n and msgs[i].get("function_call") and msgs[j].get("role") == "function":
                     j += 1
             out.append((i, j))
             i = j
@@ -100,6 +110,8 @@ def validate_from(msgs: list[Message], start: int, pending: Open | None) -> Open
         if pending is not None and pending.left:
             raise _unanswered(pending, i)
         pending = None
+        if m["role"] == "function":
+            _check_function_result(msgs, m, i)
         if m["role"] == "assistant" and m.get("tool_calls"):
             pending = _calls(m["tool_calls"], i)
     return pending
@@ -169,6 +181,19 @@ def _answer(m: Message, i: int, pending: Open | None) -> Open:
     )
 
 
+def _check_function_result(msgs: list[Message], m: Message, i: int) -> None:
+    """A legacy `function` message must name its function and answer the message before."""
+    if not isinstance(m.get("name"), str) or not m["name"]:
+        raise InvalidTranscript("function message needs a non-empty string 'name'", i)
+    before = msgs[i - 1] if i > 0 else None
+    if not (isinstance(before, dict) and before.get("role") == "assistant"):
+        before = None
+    if before is None or not before.get("function_call"):
+        raise InvalidTranscript(
+            "function message does not follow an assistant message with function_call", i
+        )
+
+
 def _calls(calls: list[Any], i: int) -> Open:
     ids = [c["id"] for c in calls]
     if len(set(ids)) < len(ids):
@@ -195,7 +220,10 @@ def _check_message(m: Any, i: int) -> None:
         raise InvalidTranscript(
             f"unknown role {role!r} (expected one of {', '.join(sorted(ROLES))})", i
         )
-    _check_content(m.get("content"), i, required=role != "assistant" or not _speaks_otherwise(m))
+    required = role not in ("assistant", "function") or (
+        role == "assistant" and not _speaks_otherwise(m)
+    )
+    _check_content(m.get("content"), i, required=required)
     if "name" in m and m["name"] is not None and not isinstance(m["name"], str):
         raise InvalidTranscript("'name' must be a string", i)
     if "tool_calls" in m and m["tool_calls"] is not None:
@@ -204,6 +232,19 @@ def _check_message(m: Any, i: int) -> None:
                 f"'tool_calls' is only valid on assistant messages, not {role}", i
             )
         _check_tool_calls(m["tool_calls"], i)
+    if m.get("function_call") is not None:
+        _check_function_call(m["function_call"], role, i)
+
+
+def _check_function_call(call: Any, role: str, i: int) -> None:
+    if role != "assistant":
+        raise InvalidTranscript(
+            f"'function_call' is only valid on assistant messages, not {role}", i
+        )
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        raise InvalidTranscript("'function_call' needs a string 'name'", i)
+    if not isinstance(call.get("arguments", ""), str | dict):
+        raise InvalidTranscript("function_call: 'arguments' must be a string", i)
 
 
 def _speaks_otherwise(m: Message) -> bool:

@@ -53,8 +53,10 @@ def _render_message(m: Message) -> str:
         label = f"tool result ({m['name']})" if m.get("name") else "tool result"
         return f"{label}:\n{_clip(text_of(m), TOOL_OUTPUT_CHARS)}"
     lines = [f"{role}:\n{_clip(text_of(m), MESSAGE_CHARS)}"] if text_of(m) else [f"{role}:"]
-    for call in m.get("tool_calls") or []:
-        fn = call.get("function", {})
+    calls = [call.get("function", {}) for call in m.get("tool_calls") or []]
+    if isinstance(m.get("function_call"), dict):  # legacy OpenAI function calling
+        calls.append(m["function_call"])
+    for fn in calls:
         args = fn.get("arguments", "")
         args = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
         lines.append(f"[calls {fn.get('name')}({_clip(args, TOOL_OUTPUT_CHARS)})]")

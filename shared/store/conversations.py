@@ -161,8 +161,9 @@ class ConversationStore:
         """Delete the conversation and its summary records, then drop it from the tenant's
         directory (the copies only it referred to go).
 
-        The API's token tally goes too, and so does a block of its summaries (a conversation
-        made again under the id starts unblocked); an enqueue marker or lease just expires.
+        The API's token tally goes too, and so do a block of its summaries and its enqueue
+        markers (a conversation made again under the id starts unblocked and gets its summary
+        jobs at once); a lease just expires.
         """
         existed, dropped = self._delete_now(tenant, conv_id)
         self._directory.drop(tenant, conv_id, dropped)
@@ -170,9 +171,11 @@ class ConversationStore:
 
     @guarded
     def _delete_now(self, tenant: str, conv_id: str) -> tuple[bool, list[str]]:
+        markers = keys.conv_pending_index(tenant, conv_id)
         extra = [keys.conv_blocked(tenant, conv_id), keys.conv_block_count(tenant, conv_id)]
-        ks = [*conv_keys(tenant, conv_id), *extra]
-        existed, dropped = self._delete(keys=ks, args=[keys.record_prefix(tenant, conv_id)])
+        ks = [*conv_keys(tenant, conv_id), *extra, markers]
+        args = [keys.record_prefix(tenant, conv_id), markers]
+        existed, dropped = self._delete(keys=ks, args=args)
         return bool(existed), [text(h) for h in dropped]
 
 

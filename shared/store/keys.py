@@ -123,6 +123,11 @@ def conv_pending(tenant: str, conv_id: str, marker: str) -> str:
     return f"{_conv(tenant, conv_id)}:pending:{check_id('marker', marker)}"
 
 
+def conv_pending_index(tenant: str, conv_id: str) -> str:
+    """SET of the conversation's enqueue marker keys, so a delete can drop them all."""
+    return f"{_conv(tenant, conv_id)}:pending-index"
+
+
 # summary records -----------------------------------------------------------------------------
 
 

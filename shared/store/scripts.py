@@ -163,11 +163,12 @@ return {1, len, last, len + n, tip, total, record, at_upto, at_head}
 """
 )
 
-# KEYS as APPEND. ARGV: [1] expected length ('' any), [2] ttl ms, [3] now, [4] model,
-# [5] record prefix, [6] tally counter id ('' none), [7] bound, [8] head end, [9] upto max to
-# measure at ('' none), [10] the tip hash, [11] n, then n messages, n prefix hashes and n
-# cumulative base token counts. Records whose prefix no longer matches the new content are
-# dropped.
+# KEYS as APPEND, then optionally the summary block and its count. ARGV: [1] expected length
+# ('' any), [2] ttl ms, [3] now, [4] model, [5] record prefix, [6] tally counter id ('' none),
+# [7] bound, [8] head end, [9] upto max to measure at ('' none), [10] the tip hash, [11] n,
+# then n messages, n prefix hashes and n cumulative base token counts. Records whose prefix no
+# longer matches the new content are dropped, and a block whose range's prefix it no longer
+# holds is lifted.
 # Refused: {0, length}. Done: {1, length, record JSON or false, tally at its upto, at the head,
 # the prefix hashes of the records dropped}.
 REPLACE = (
@@ -192,6 +193,12 @@ for i = 1, #entries, 2 do
     dropped[#dropped + 1] = entries[i]
   end
 end
+if KEYS[7] then
+  local cut = redis.call('HMGET', KEYS[7], 'upto', 'prefix_hash')
+  if cut[1] and redis.call('LINDEX', KEYS[2], tonumber(cut[1]) - 1) ~= cut[2] then
+    redis.call('DEL', KEYS[7], KEYS[8])
+  end
+end
 set_meta(ARGV[3], ARGV[4], ARGV[7])
 touch(ARGV[2], ARGV[5])
 if ARGV[6] == '' then return {1, n, false, 0, 0, dropped} end
@@ -206,11 +213,15 @@ return {1, n, record, at_upto, at_head, dropped}
 )
 
 # KEYS: msgs, hashes, meta, index, then any other per-conversation keys to drop.
-# ARGV: record prefix. -> {existed (0/1), the prefix hashes of the records dropped}.
+# ARGV: record prefix, then optionally the enqueue marker index (also among KEYS) whose
+# markers go too. -> {existed (0/1), the prefix hashes of the records dropped}.
 DELETE = """
 local existed = redis.call('EXISTS', KEYS[3])
 local dropped = redis.call('ZRANGE', KEYS[4], 0, -1)
 for _, member in ipairs(dropped) do redis.call('DEL', ARGV[1] .. member) end
+if ARGV[2] then
+  for _, marker in ipairs(redis.call('SMEMBERS', ARGV[2])) do redis.call('DEL', marker) end
+end
 redis.call('DEL', unpack(KEYS))
 return {existed, dropped}
 """

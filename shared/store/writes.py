@@ -180,7 +180,8 @@ class Writes:
             *r.hashes[1:],
             *cumulative,
         ]
-        reply = self._replace(keys=conv_keys(tenant, conv_id), args=args)
+        blocks = [keys.conv_blocked(tenant, conv_id), keys.conv_block_count(tenant, conv_id)]
+        reply = self._replace(keys=[*conv_keys(tenant, conv_id), *blocks], args=args)
         if not reply[0]:
             raise LengthMismatch(int(r.expected_length or 0), int(reply[1]))
         _, length, record, at_upto, at_head, dropped = reply

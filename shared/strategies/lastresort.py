@@ -9,6 +9,15 @@ each only as deep as the remaining excess needs and never below `FLOOR_CHARS`. I
 not enough, the long texts of the other messages outside the head follow the same way
 (an agent's 30k-character reasoning or a pasted log among the recent turns), oldest first;
 the head (system prompt, task) and the transcript's last message are never cut.
+
+Images and other non-text parts (audio, files) of tool results count 1,600 tokens each
+whatever the text around them, so a few screenshots in the recent turns can still blow a
+small window. If the texts at their floor are not enough, those parts are replaced one by
+one with a short text placeholder (`PART_PLACEHOLDER`), oldest first so the very last
+result's go last, recorded as `{"strategy": "LastResortDropParts", "saved", "messages":
+[original indices], "parts": n}`. Only tool results outside the head are touched, never
+the transcript's last message, and never a `thinking`/`redacted_thinking` block (its
+signature must come back as it was sent).
 """
 
 from __future__ import annotations
@@ -22,6 +31,9 @@ from shared.strategies.work import Work
 
 FLOOR_CHARS = 1_000
 NAME = "LastResortTruncate"
+PARTS_NAME = "LastResortDropParts"
+PART_PLACEHOLDER = "[{kind} removed to save context]"
+_KEPT_PARTS = frozenset({"text", "thinking", "redacted_thinking"})
 _MAX_TRIES = 4  # estimates of one output's cut before it goes straight to the floor
 
 
@@ -41,6 +53,54 @@ def shorten_protected(work: Work, budget: int) -> None:
             changed.append(work.origin[p])
     if changed:
         work.record(NAME, before, messages=changed, floor_chars=FLOOR_CHARS)
+    if work.tokens() > budget:
+        _drop_parts(work, budget)
+
+
+def _drop_parts(work: Work, budget: int) -> None:
+    """Replace non-text parts of the tool results that may lose them, oldest first."""
+    before = work.tokens()
+    changed: list[int] = []
+    dropped = 0
+    for p in range(len(work.messages)):
+        if work.tokens() <= budget:
+            break
+        if not _may_lose_parts(work, p):
+            continue
+        n = _drop_parts_of(work, p, budget)
+        if n:
+            changed.append(work.origin[p])
+            dropped += n
+    if changed:
+        work.record(PARTS_NAME, before, messages=changed, parts=dropped)
+
+
+def _drop_parts_of(work: Work, p: int, budget: int) -> int:
+    """Replace the parts of the message at `p` one by one until it fits; how many went."""
+    dropped = 0
+    content = list(work.messages[p]["content"])
+    for k, part in enumerate(content):
+        if work.tokens() <= budget:
+            break
+        if _droppable(part):
+            content[k] = {"type": "text", "text": PART_PLACEHOLDER.format(kind=part["type"])}
+            _put(work, p, {**work.messages[p], "content": list(content)})
+            dropped += 1
+    return dropped
+
+
+def _may_lose_parts(work: Work, p: int) -> bool:
+    """A tool result outside the head, not the transcript's last, with a droppable part."""
+    m, o = work.messages[p], work.origin[p]
+    if not isinstance(m, dict) or m.get("role") != "tool" or not isinstance(m.get("content"), list):
+        return False
+    if not 0 <= o < len(work.transcript) - 1 or work.head.protects(o):
+        return False
+    return any(_droppable(part) for part in m["content"])
+
+
+def _droppable(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") not in _KEPT_PARTS
 
 
 def _shorten(work: Work, p: int, budget: int) -> bool:

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.counters import (
+    LOW_DETAIL_IMAGE_TOKENS,
     NON_TEXT_PART_TOKENS,
     CountCache,
     HeuristicCounter,
@@ -130,6 +131,25 @@ def test_heuristic_content_parts() -> None:
     message = {"role": "user", "content": parts}
     assert counter.count_message(message) == 4 + 3 + NON_TEXT_PART_TOKENS
     assert counter.count_message({"role": "user", "content": None}) == 4
+
+
+def test_low_detail_images_count_what_openai_bills(tiktoken_dir: Path) -> None:
+    """An image_url part with detail "low" counts LOW_DETAIL_IMAGE_TOKENS (85) in both
+    counters; the same part at detail "high" or "auto" (cached under its own key) 1,600."""
+
+    def image(detail: str) -> Message:
+        part = {"type": "image_url", "image_url": {"url": "https://x.test/a.png", "detail": detail}}
+        return {"role": "user", "content": [part]}
+
+    tiktoken = TiktokenCounter(per_message=0, directory=tiktoken_dir)
+    for counter in (HeuristicCounter(per_message=0), tiktoken):
+        base = counter.count_message({"role": "user", "content": []})
+        assert counter.count_message(image("low")) == base + LOW_DETAIL_IMAGE_TOKENS == base + 85
+        assert counter.count_message(image("high")) == base + NON_TEXT_PART_TOKENS
+        assert counter.count_message(image("auto")) == base + NON_TEXT_PART_TOKENS
+        assert counter.count([image("low"), image("high")]) == (
+            2 * base + 85 + NON_TEXT_PART_TOKENS + counter.priming
+        )
 
 
 def test_thinking_and_plain_text_documents_count_by_their_text() -> None:
@@ -450,3 +470,11 @@ def test_tiktoken_near_real_prompt_tokens(tiktoken_counter: TiktokenCounter) -> 
     assert len(ratios) > 500
     assert min(ratios) >= 0.9 and max(ratios) <= 1.3
     assert 1.0 <= statistics.mean(ratios) <= 1.15
+
+
+def test_a_legacy_function_call_counts_its_name_and_arguments() -> None:
+    """An assistant's legacy `function_call` counts as one tool call (name, arguments and
+    per_tool_call), not as an empty message."""
+    counter = HeuristicCounter(chars_per_token=1.0, per_message=0, per_tool_call=8)
+    fc = {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "ab"}}
+    assert counter.count_message(fc) == len("assistant") + 1 + 2 + 8

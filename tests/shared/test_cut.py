@@ -346,3 +346,35 @@ def test_the_latest_request_kept_between_two_runs(loop: asyncio.AbstractEventLoo
         markers = [m for m in out.messages if "were dropped here" in str(m["content"])]
         split += len(markers) == 2
     assert split > 0
+
+
+def test_legacy_function_calls_and_images_decide_the_same(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Legacy `function_call`/`function` pairs and tool results with images (some at detail
+    low) get the same messages and report (or refusal) on the ledger path as from the
+    strategies, the last resort's image placeholders included."""
+    msgs: list[Message] = [{"role": "system", "content": "Be brief."}]
+    for i in range(30):
+        fc = {"name": "lookup", "arguments": f'{{"q": {i}}}'}
+        detail = "low" if i % 3 == 2 else "high"
+        image = {
+            "type": "image_url",
+            "image_url": {"url": "https://x.test/a.png", "detail": detail},
+        }
+        call = {"id": f"c{i}", "type": "function", "function": {"name": "shot", "arguments": "{}"}}
+        msgs += [
+            {"role": "user", "content": f"question {i} " + "q" * 300},
+            {"role": "assistant", "content": None, "function_call": fc},
+            {"role": "function", "name": "lookup", "content": f"answer {i} " + "a" * 900},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {
+                "role": "tool",
+                "tool_call_id": f"c{i}",
+                "content": [{"type": "text", "text": "s"}, image],
+            },
+            {"role": "assistant", "content": f"reply {i}"},
+        ]
+    for window in (1_800, 3_000, 12_000):  # at 1,800 the last resort replaces images
+        fast, slow = twins(window, HeuristicCounter(), reserve_output=500)
+        replay(loop, fast, slow, msgs, every=3)

@@ -202,3 +202,42 @@ def test_a_refusal_sent_back_as_it_came_is_valid() -> None:
     assert validate(msgs) == msgs
     with pytest.raises(InvalidTranscript, match="null"):
         validate([msgs[0], {**refusal, "refusal": ""}])
+
+
+def legacy_session() -> list[dict[str, Any]]:
+    """A conversation in OpenAI's legacy function-calling shape, as old SDK code sends it."""
+    fc = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    return [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "function_call": fc},
+        {"role": "function", "name": "get_weather", "content": '{"temp": 21}'},
+        {"role": "assistant", "content": "21 degrees."},
+    ]
+
+
+def test_legacy_function_results_are_valid_and_grouped_with_their_call() -> None:
+    """A `function` message answering the assistant's `function_call` is valid (OpenAI still
+    accepts it) and forms one turn group with that call."""
+    msgs = legacy_session()
+    assert validate(msgs) == msgs
+    assert groups(msgs) == [(0, 1), (1, 3), (3, 4)]
+
+
+@pytest.mark.parametrize(
+    ("change", "index", "reason"),
+    [
+        (lambda m: m.pop(1), 1, "does not follow an assistant message with function_call"),
+        (lambda m: m[2].pop("name"), 2, "needs a non-empty string 'name'"),
+        (lambda m: m[1].update(function_call="f"), 1, "'function_call' needs a string 'name'"),
+        (lambda m: m[0].update(function_call={"name": "f"}), 0, "only valid on assistant"),
+    ],
+)
+def test_misplaced_legacy_function_messages_are_refused(
+    change: Any, index: int, reason: str
+) -> None:
+    """A `function` result without the call right before it, or without a name, is refused."""
+    msgs = legacy_session()
+    change(msgs)
+    with pytest.raises(InvalidTranscript) as info:
+        validate(msgs)
+    assert info.value.index == index and reason in str(info.value)

@@ -491,3 +491,25 @@ def test_a_window_that_is_not_a_number_is_a_config_error() -> None:
         with pytest.raises(ConfigError, match="must be a number"):
             ContextPolicy(lambda model, a=answer: a).budget("m")  # type: ignore[misc]
     assert ContextPolicy(lambda model: 8000.7).budget("m") == 8000 - 4096
+
+
+def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> None:
+    """A long transcript in OpenAI's legacy function-calling shape is prepared (not refused):
+    dropping keeps each `function` result right after its `function_call`."""
+    msgs: list[Message] = [{"role": "system", "content": "Be brief."}]
+    for i in range(40):
+        fc = {"name": "lookup", "arguments": f'{{"q": {i}}}'}
+        msgs += [
+            {"role": "user", "content": f"question {i} " + "q" * 300},
+            {"role": "assistant", "content": None, "function_call": fc},
+            {"role": "function", "name": "lookup", "content": f"answer {i} " + "a" * 600},
+            {"role": "assistant", "content": f"reply {i}"},
+        ]
+    counter = HeuristicCounter()
+    policy = ContextPolicy(4_000, counter=counter, reserve_output=500)
+    out = asyncio.run(policy.prepare(msgs))
+    assert counter.count(out.messages) <= policy.budget(None) < counter.count(msgs)
+    for k, m in enumerate(out.messages):
+        if m["role"] == "function":
+            assert out.messages[k - 1].get("function_call") is not None
+    assert out.messages[-4:] == msgs[-4:]

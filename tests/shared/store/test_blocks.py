@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 
+from shared.hashing import prefix_hashes
 from shared.store import Blocks, Range, Store
 from shared.store.blocks import origin
 from shared.summaries import SummaryRecord
-from tests.shared.store.helpers import run_threads
+from tests.shared.store.helpers import chat, run_threads
 
 RANGE = Range("none", 21, "v1:" + "a" * 32)
 BASE, MAX = 0.3, 1.0
@@ -70,5 +71,34 @@ def test_deleting_the_conversation_lifts_its_block(store: Store, tenant: str) ->
     store.conversations.append(tenant, "c1", [{"role": "user", "content": "hi"}])
     assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == -1
     store.conversations.delete(tenant, "c1")
+    assert blocks.get(tenant, "c1") is None
+    assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == 1
+
+
+def test_deleting_the_conversation_drops_its_enqueue_markers(store: Store, tenant: str) -> None:
+    """A conversation deleted and made again under its id gets its summary job at once: the
+    old one's enqueue markers (up to 120 s) go with it, and only its own."""
+    blocks = _blocks(store)
+    store.conversations.append(tenant, "c1", [{"role": "user", "content": "hi"}])
+    assert blocks.claim_enqueue(tenant, "c1", "ahead-none-1", "none", 120.0) == 1
+    assert blocks.claim_enqueue(tenant, "c1", "stale-none-1", "none", 15.0) == 1
+    assert blocks.claim_enqueue(tenant, "c2", "ahead-none-1", "none", 120.0) == 1
+    store.conversations.delete(tenant, "c1")
+    assert blocks.claim_enqueue(tenant, "c1", "ahead-none-1", "none", 120.0) == 1
+    assert blocks.claim_enqueue(tenant, "c1", "stale-none-1", "none", 15.0) == 1
+    assert blocks.claim_enqueue(tenant, "c2", "ahead-none-1", "none", 120.0) == 0
+
+
+def test_replacing_with_unrelated_content_lifts_the_block(store: Store, tenant: str) -> None:
+    """A PUT of a transcript that no longer holds the blocked range's prefix lifts the block;
+    one that still holds it (an edit after the range) keeps it."""
+    blocks = _blocks(store)
+    old = chat(6)
+    store.conversations.replace(tenant, "c1", old)
+    blocked = Range("none", 4, prefix_hashes(old)[4])
+    blocks.fail(tenant, "c1", blocked, "E", limit=0, permanent=True)
+    store.conversations.replace(tenant, "c1", [*old[:5], {"role": "user", "content": "edited"}])
+    assert blocks.get(tenant, "c1") is not None
+    store.conversations.replace(tenant, "c1", chat(6, "other"))
     assert blocks.get(tenant, "c1") is None
     assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == 1

@@ -11,7 +11,7 @@ from shared.counters import HeuristicCounter
 from shared.errors import DoesNotFit
 from shared.messages import Message
 from shared.policy import ContextPolicy
-from shared.strategies.lastresort import FLOOR_CHARS, NAME
+from shared.strategies.lastresort import FLOOR_CHARS, NAME, PART_PLACEHOLDER, PARTS_NAME
 from tests.shared.generated import tool_call
 from tests.shared.invariants import assert_justified, check
 
@@ -121,3 +121,44 @@ def test_refusal_figures_add_up_under_pressure() -> None:
     parts = e.head_tokens + e.tail_tokens + e.tools_tokens + e.other_tokens
     assert abs(parts - e.tokens) <= 8, (parts, e.tokens)
     assert_justified(e)
+
+
+def screenshot_session(kinds: list[str]) -> list[Message]:
+    """A task, one tool call per kind returning a short text and an image, then "go on"."""
+    msgs = session([])
+    for i, kind in enumerate(kinds):
+        image: dict[str, Any] = (
+            {"type": "image_url", "image_url": {"url": "https://x.test/s.png"}}
+            if kind == "image_url"
+            else {"type": kind, "source": {"type": "url", "url": "https://x.test/s.png"}}
+        )
+        msgs += tool_call(f"c{i}", "screenshot", "{}", "")
+        msgs[-1]["content"] = [{"type": "text", "text": f"shot {i}"}, image]
+    msgs.append({"role": "user", "content": "go on"})
+    return msgs
+
+
+def test_images_of_recent_tool_results_give_way_before_a_refusal() -> None:
+    """Screenshots (1,600 tokens each) in the protected turns of a 3k window: the oldest
+    kept one is replaced with a placeholder, the last one kept as that is enough; it fits."""
+    msgs = screenshot_session(["image", "image_url", "image"])
+    policy = ContextPolicy(3_000, counter=COUNTER, reserve_output=500)
+    out = prepare(policy, msgs)
+    check(policy, msgs, out, counter=COUNTER)
+    [entry] = [a for a in out.report["applied"] if a["strategy"] == PARTS_NAME]
+    results = [i for i, m in enumerate(msgs) if m.get("role") == "tool"]
+    assert entry["messages"] == [results[1]] and entry["parts"] == 1 and entry["saved"] > 0
+    first, last = [m for m in out.messages if m.get("role") == "tool"][-2:]
+    placeholder = {"type": "text", "text": PART_PLACEHOLDER.format(kind="image_url")}
+    assert first["content"] == [msgs[results[1]]["content"][0], placeholder]
+    assert last == msgs[results[2]] and out.messages[-1] == msgs[-1]
+    assert COUNTER.count(out.messages) <= policy.budget(None)
+
+
+def test_images_of_the_last_message_are_never_replaced() -> None:
+    """When the transcript ends with the result holding the image, that image stays: the
+    prompt still does not fit, so prepare refuses."""
+    msgs = screenshot_session(["image", "image"])[:-1]
+    policy = ContextPolicy(1_500, counter=COUNTER, reserve_output=100)
+    with pytest.raises(DoesNotFit):
+        prepare(policy, msgs)
