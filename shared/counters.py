@@ -2,8 +2,7 @@
 
 A message counts `per_message` (the chat format's framing) plus its role, content, `name`,
 `tool_call_id` and each tool call's name and arguments, plus `per_tool_call` per call and
-`NON_TEXT_PART_TOKENS` per non-text content part (an image, audio, a file; an OpenAI
-`image_url` part with `"detail": "low"` counts `LOW_DETAIL_IMAGE_TOKENS`). A request counts
+`NON_TEXT_PART_TOKENS` per non-text content part (an image, audio, a file). A request counts
 its messages, its tool specs (their canonical JSON) and the counter's `priming`:
 
     count(messages, tools) == sum(count_message(m) for m in messages) + count_tools(tools) + priming
@@ -35,7 +34,6 @@ from shared.messages import Message, ToolSpec
 
 __all__ = [
     "ASTRAL_TOKENS",
-    "LOW_DETAIL_IMAGE_TOKENS",
     "NON_ASCII_BYTE_TOKENS",
     "NON_TEXT_PART_TOKENS",
     "CountCache",
@@ -53,11 +51,6 @@ __all__ = [
 # major providers (Anthropic caps an image near 1,600 tokens; OpenAI's high-detail gpt-4o
 # images stay under 1,105). Erring high is the safe direction for a budget.
 NON_TEXT_PART_TOKENS = 1600
-# An OpenAI `image_url` part with "detail": "low" is a fixed 512x512 thumbnail that OpenAI
-# counts 85 tokens whatever the image's size (gpt-4o, gpt-4.1: the base of its vision cost;
-# gpt-4o-mini's usage reports a price-weighted 2,833 instead, not modelled here). The
-# Anthropic format has no such detail, so only that part counts this.
-LOW_DETAIL_IMAGE_TOKENS = 85
 # HeuristicCounter's tokens for text beyond ASCII, on top of chars / chars_per_token: per
 # UTF-8 byte past the first of a character (Cyrillic 2 bytes, CJK 3), and per character
 # outside the BMP (emoji; 4 bytes). Fitted on cl100k_base, the hungriest common encoding.
@@ -203,7 +196,6 @@ class HeuristicCounter(CachedCounter):
             + self._chars(parts.texts)
             + self.per_tool_call * parts.calls
             + NON_TEXT_PART_TOKENS * parts.non_text
-            + LOW_DETAIL_IMAGE_TOKENS * parts.low_detail
         )
 
     def _tools_tokens(self, spec_json: str) -> int:
@@ -254,7 +246,6 @@ class TiktokenCounter(CachedCounter):
             + (self.name_tokens if parts.named else 0)
             + self.per_tool_call * parts.calls
             + NON_TEXT_PART_TOKENS * parts.non_text
-            + LOW_DETAIL_IMAGE_TOKENS * parts.low_detail
         )
 
     def _tools_tokens(self, spec_json: str) -> int:

@@ -11,8 +11,7 @@ Key shapes: `(role, content)` for the common plain message; otherwise `(role, co
 name, tool_call_id, calls)` with `content` a str, None or a tuple of `(type, text | None)`
 parts (a non-text part's text is None, or the text it carries in the clear: a thinking
 block's, a plain-text document's) and `calls` None or a tuple of `(name, arguments_json)`.
-A 1-tuple `(text,)` keys a bare text (the tool specs' JSON). An OpenAI `image_url` part
-with `"detail": "low"` is keyed `(LOW_DETAIL_KIND, None)`: it costs far less than others.
+A 1-tuple `(text,)` keys a bare text (the tool specs' JSON).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from typing import Any, NamedTuple, TypeAlias
 from shared.errors import InvalidTranscript
 
 Key: TypeAlias = tuple[Any, ...]
-LOW_DETAIL_KIND = "image_url/low"  # the kind a low-detail image_url part is keyed as
 
 
 class KeyFields(NamedTuple):
@@ -34,7 +32,6 @@ class KeyFields(NamedTuple):
     non_text: int  # content parts that are not text (images, audio, files)
     calls: int  # tool calls
     named: bool  # has a `name`
-    low_detail: int = 0  # OpenAI image_url parts with "detail": "low" (not in non_text)
 
 
 def message_key(m: Mapping[str, Any]) -> Key:
@@ -82,23 +79,21 @@ def checked_key(m: Any) -> Key:
 def fields(key: Key) -> KeyFields:
     """Decompose a key into what is counted; `InvalidTranscript` if a field has a wrong type."""
     try:
-        unpacked = _unpack(key) if len(key) > 2 else KeyFields(list(key), 0, 0, False)
+        texts, non_text, calls, named = _unpack(key) if len(key) > 2 else (list(key), 0, 0, False)
     except (TypeError, ValueError):  # a field of a foreign shape (a tuple where text belongs)
-        unpacked = KeyFields([key], 0, 0, False)  # type: ignore[list-item]  # rejected below
-    if not all(type(t) is str for t in unpacked.texts):
+        texts = [key]
+    if not all(type(t) is str for t in texts):
         raise InvalidTranscript("a counted field (role, content, name, tool call) is not a string")
-    return unpacked
+    return KeyFields(texts, non_text, calls, named)
 
 
-def _unpack(key: Key) -> KeyFields:
+def _unpack(key: Key) -> tuple[list[str], int, int, bool]:
     role, content, name, call_id, calls = key
     texts = [role]
-    non_text = low_detail = 0
+    non_text = 0
     if isinstance(content, tuple):
-        for kind, text in content:
-            if kind == LOW_DETAIL_KIND:
-                low_detail += 1
-            elif text is None:
+        for _kind, text in content:
+            if text is None:
                 non_text += 1
             else:
                 texts.append(text)
@@ -107,7 +102,7 @@ def _unpack(key: Key) -> KeyFields:
     texts.extend(s for s in (name, call_id) if s is not None)
     for fn_name, arguments in calls or ():
         texts += (fn_name, arguments)
-    return KeyFields(texts, non_text, len(calls or ()), name is not None, low_detail)
+    return texts, non_text, len(calls or ()), name is not None
 
 
 def _calls_key(calls: Any) -> tuple[tuple[str, str], ...] | None:
@@ -131,22 +126,12 @@ def _parts_key(content: Any) -> tuple[tuple[str, str | None], ...]:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidTranscript(f"content part {k} must be an object with a string 'type'")
         if part["type"] != "text":
-            out.append((_kind(part), _readable(part)))
+            out.append((part["type"], _readable(part)))
         elif isinstance(part.get("text"), str):
             out.append(("text", part["text"]))
         else:
             raise InvalidTranscript(f"content part {k} of type 'text' needs a string 'text'")
     return tuple(out)
-
-
-def _kind(part: dict[str, Any]) -> str:
-    """A non-text part's kind as keyed: a low-detail OpenAI image apart from the rest."""
-    kind: str = part["type"]
-    if kind == "image_url":
-        image = part.get("image_url")
-        if isinstance(image, dict) and image.get("detail") == "low":
-            return LOW_DETAIL_KIND
-    return kind
 
 
 def _readable(part: dict[str, Any]) -> str | None:

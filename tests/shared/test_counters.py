@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.counters import (
-    LOW_DETAIL_IMAGE_TOKENS,
     NON_TEXT_PART_TOKENS,
     CountCache,
     HeuristicCounter,
@@ -131,25 +130,6 @@ def test_heuristic_content_parts() -> None:
     message = {"role": "user", "content": parts}
     assert counter.count_message(message) == 4 + 3 + NON_TEXT_PART_TOKENS
     assert counter.count_message({"role": "user", "content": None}) == 4
-
-
-def test_low_detail_images_count_what_openai_bills(tiktoken_dir: Path) -> None:
-    """An image_url part with detail "low" counts LOW_DETAIL_IMAGE_TOKENS (85) in both
-    counters; the same part at detail "high" or "auto" (cached under its own key) 1,600."""
-
-    def image(detail: str) -> Message:
-        part = {"type": "image_url", "image_url": {"url": "https://x.test/a.png", "detail": detail}}
-        return {"role": "user", "content": [part]}
-
-    tiktoken = TiktokenCounter(per_message=0, directory=tiktoken_dir)
-    for counter in (HeuristicCounter(per_message=0), tiktoken):
-        base = counter.count_message({"role": "user", "content": []})
-        assert counter.count_message(image("low")) == base + LOW_DETAIL_IMAGE_TOKENS == base + 85
-        assert counter.count_message(image("high")) == base + NON_TEXT_PART_TOKENS
-        assert counter.count_message(image("auto")) == base + NON_TEXT_PART_TOKENS
-        assert counter.count([image("low"), image("high")]) == (
-            2 * base + 85 + NON_TEXT_PART_TOKENS + counter.priming
-        )
 
 
 def test_thinking_and_plain_text_documents_count_by_their_text() -> None:
