@@ -70,7 +70,11 @@ class OpenAIDialect:
         if not isinstance(messages, list):
             raise InvalidTranscript("'messages' must be a list")
         tools = body.get("tools")
-        return check(messages), list(tools) if isinstance(tools, list) else []
+        specs = list(tools) if isinstance(tools, list) else []
+        functions = body.get("functions")  # the legacy parameter: its specs take room too
+        if isinstance(functions, list):
+            specs += [{"type": "function", "function": f} for f in functions]
+        return check(messages), specs
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
         return {**body, "messages": messages}

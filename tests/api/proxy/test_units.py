@@ -211,3 +211,12 @@ def test_a_learned_window_is_the_tenants_own() -> None:
     assert learned.get("bob", "m-x") is None
     assert LearnedWindows().get("alice", "m-x") is None
     assert learned.learn("alice", "m-y", Overflow(prompt_tokens=9_000), 1_024) is None
+
+
+def test_legacy_functions_are_counted_as_the_tools_they_are() -> None:
+    """The legacy `functions` parameter's specs take room in the prompt like `tools`."""
+    fn = {"name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    tool = {"type": "function", "function": {"name": "other", "parameters": {}}}
+    body = {"messages": [user("hi")], "tools": [tool], "functions": [fn]}
+    _, specs = OpenAIDialect().transcript(body, lambda m: list(m))
+    assert specs == [tool, {"type": "function", "function": fn}]
