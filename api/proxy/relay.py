@@ -157,6 +157,10 @@ class Relay:
         try:
             return self._fitted(await self.fitter.first())
         except DoesNotFit:
+            pass
+        try:  # the head and recent turns exceed the budget: never forward it over the window
+            return self._fitted(await self.fitter.last_chance())
+        except DoesNotFit:
             return self._skip("does not fit")
 
     def _skip(self, reason: str) -> Fit | None:
