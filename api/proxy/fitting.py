@@ -11,7 +11,8 @@ cheap strategies and the last calibration ratio seen (`degraded`). After the ans
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.deps import Services
@@ -20,13 +21,25 @@ from api.logging import RequestLog
 from api.policies import Window, make_policy
 from api.prepare import Preparer
 from api.proxy.transcripts import Opened, open_conversation, sync
-from shared.errors import PrefitError, StoreUnavailable
+from shared.errors import DoesNotFit, PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
 from shared.reports import new_report
+from shared.service.windows import service_policy
 from shared.strategies.work import SizeMemo, measure
 
 log = get_logger(__name__)
+
+
+def reply_capped(window: Window, body: Mapping[str, Any]) -> Window:
+    """`window` with its reply reserve lowered to the request's own cap on the reply
+    (`max_tokens`, `max_completion_tokens`) when that is smaller: the reply cannot use more,
+    and the provider checks prompt + cap against the window, not prompt + reserve."""
+    caps = [body.get("max_tokens"), body.get("max_completion_tokens")]
+    valid = [c for c in caps if isinstance(c, int) and not isinstance(c, bool) and c > 0]
+    if not valid or min(valid) >= window.reserve_output:
+        return window
+    return replace(window, reserve_output=min(valid))
 
 
 @dataclass(frozen=True)
@@ -116,6 +129,28 @@ class Fitter:
                     self.claims.append(fitted.claim)
                 return Fit(fitted.prepared.messages, fitted.report, ratio)
         return await self._cheap(pressure)
+
+    async def last_chance(self) -> Fit:
+        """The fit when the head and recent turns exceed the budget: the cheap strategies to
+        the whole input window (no reply reserve), keeping only the last turn if need be,
+        rather than forwarding a prompt over the window. `DoesNotFit` when even that fails."""
+        counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
+        error: DoesNotFit | None = None
+        for keep in (self.svc.settings.keep_recent, 1):
+            settings = self.svc.settings.model_copy(update={"keep_recent": keep})
+            policy = service_policy(settings, self.window.max_input_tokens, 0, counter)
+            try:
+                prepared = await policy.prepare(
+                    self.messages, tools=self.tools, model=self.window.model
+                )
+            except DoesNotFit as exc:
+                error = exc
+                continue
+            report = dict(prepared.report or {})
+            report["degraded"] = self.degraded
+            return Fit(prepared.messages, report, counter.ratio)
+        assert error is not None
+        raise error
 
     def settle(self) -> None:
         """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""

@@ -10,13 +10,14 @@ import httpx
 import openai
 import pytest
 
+from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
-from shared.messages import validate
+from shared.messages import Message, validate
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
 from shared.summarize import summary_message
 from tests.api.conftest import RESERVE, WINDOW
-from tests.api.helpers import assistant, chat, user
+from tests.api.helpers import assistant, call, chat, result, user
 from tests.api.proxy.conftest import TASK, TOOLS, Proxy, agent_session, sent_fits, wait_for
 from tests.fakeprovider import WORDS, Reply
 
@@ -309,3 +310,46 @@ def test_deeply_nested_tools_are_fitted_or_refused_never_a_500(proxy: Proxy, lev
     else:
         assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
         assert proxy.fake.received == []
+
+
+def test_recent_turns_over_the_budget_are_still_fitted_to_the_window(proxy: Proxy) -> None:
+    """Head + protected recent turns over the budget (long tool-call arguments, nothing left
+    to shorten) but the head and last turn within the window: the request is fitted to the
+    window, not forwarded unchanged over it."""
+    messages: list[Message] = [{"role": "system", "content": "Be brief."}]
+    messages.append(user(TASK + "alpha beta gamma delta " * 1400))
+    for k in range(30):
+        args = json.dumps({"cmd": f"cat <<EOF > f{k}.py\n" + "x = 1\n" * 1500})
+        messages += [call(f"call_{k}", args=args), result(f"call_{k}", "out " * 400)]
+    raw = sdk(proxy).chat.completions.with_raw_response.create(
+        model=proxy.model,
+        messages=messages,  # type: ignore[arg-type]
+    )
+    assert raw.headers["x-prefit-fit"] == "applied"
+    [got] = proxy.fake.received
+    sent = got.body["messages"]
+    assert HeuristicCounter().count(validate(sent), []) <= WINDOW
+    assert sent[1] == messages[1] and sent[-2:] == messages[-2:]
+
+
+def test_a_small_reply_cap_lowers_the_reserve_so_a_prompt_that_fits_goes_unchanged(
+    proxy: Proxy,
+) -> None:
+    """`max_tokens` under the configured reply reserve: prompt + cap fits the window, so the
+    transcript goes unchanged instead of being cut for a reply that cannot be that long."""
+    counter = HeuristicCounter()
+    messages = agent_session(1)
+    turns = 1
+    while counter.count(messages, TOOLS) < 0.86 * (WINDOW - RESERVE):
+        turns += 1
+        messages = agent_session(turns)
+    assert counter.count(messages, TOOLS) < 0.85 * (WINDOW - 100)
+    raw = sdk(proxy).chat.completions.with_raw_response.create(
+        model=proxy.model,
+        messages=messages,  # type: ignore[arg-type]
+        tools=TOOLS,  # type: ignore[arg-type]
+        max_tokens=100,
+    )
+    assert raw.headers["x-prefit-fit"] == "unchanged"
+    [got] = proxy.fake.received
+    assert got.body["messages"] == messages
