@@ -11,8 +11,7 @@ cheap strategies and the last calibration ratio seen (`degraded`). After the ans
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from api.deps import Services
@@ -29,17 +28,6 @@ from shared.service.windows import service_policy
 from shared.strategies.work import SizeMemo, measure
 
 log = get_logger(__name__)
-
-
-def reply_capped(window: Window, body: Mapping[str, Any]) -> Window:
-    """`window` with its reply reserve lowered to the request's own cap on the reply
-    (`max_tokens`, `max_completion_tokens`) when that is smaller: the reply cannot use more,
-    and the provider checks prompt + cap against the window, not prompt + reserve."""
-    caps = [body.get("max_tokens"), body.get("max_completion_tokens")]
-    valid = [c for c in caps if isinstance(c, int) and not isinstance(c, bool) and c > 0]
-    if not valid or min(valid) >= window.reserve_output:
-        return window
-    return replace(window, reserve_output=min(valid))
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from api.prepare import Preparer
 from api.proxy.caller import Caller
 from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
-from api.proxy.fitting import Fit, Fitter, reply_capped
+from api.proxy.fitting import Fit, Fitter
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
@@ -137,7 +137,7 @@ class Relay:
     async def _fit_in(self, window: Window) -> Fit | None:
         """The fit at pressure 1 to `window`, or None (with `label` saying why)."""
         try:
-            return await self._fit_to(reply_capped(window, self.body))
+            return await self._fit_to(window)
         except RecursionError:  # JSON nested past what copying and hashing recurse through
             self.fitter = None
             return self._skip("nested too deeply")

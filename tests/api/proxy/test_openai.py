@@ -330,26 +330,3 @@ def test_recent_turns_over_the_budget_are_still_fitted_to_the_window(proxy: Prox
     sent = got.body["messages"]
     assert HeuristicCounter().count(validate(sent), []) <= WINDOW
     assert sent[1] == messages[1] and sent[-2:] == messages[-2:]
-
-
-def test_a_small_reply_cap_lowers_the_reserve_so_a_prompt_that_fits_goes_unchanged(
-    proxy: Proxy,
-) -> None:
-    """`max_tokens` under the configured reply reserve: prompt + cap fits the window, so the
-    transcript goes unchanged instead of being cut for a reply that cannot be that long."""
-    counter = HeuristicCounter()
-    messages = agent_session(1)
-    turns = 1
-    while counter.count(messages, TOOLS) < 0.86 * (WINDOW - RESERVE):
-        turns += 1
-        messages = agent_session(turns)
-    assert counter.count(messages, TOOLS) < 0.85 * (WINDOW - 100)
-    raw = sdk(proxy).chat.completions.with_raw_response.create(
-        model=proxy.model,
-        messages=messages,  # type: ignore[arg-type]
-        tools=TOOLS,  # type: ignore[arg-type]
-        max_tokens=100,
-    )
-    assert raw.headers["x-prefit-fit"] == "unchanged"
-    [got] = proxy.fake.received
-    assert got.body["messages"] == messages
