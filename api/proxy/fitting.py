@@ -118,15 +118,17 @@ class Fitter:
                 return Fit(fitted.prepared.messages, fitted.report, ratio)
         return await self._cheap(pressure)
 
-    async def last_chance(self) -> Fit:
+    async def last_chance(self, reply: int) -> Fit:
         """The fit when the head and recent turns exceed the budget: the cheap strategies to
-        the whole input window (no reply reserve), keeping only the last turn if need be,
-        rather than forwarding a prompt over the window. `DoesNotFit` when even that fails."""
+        the whole input window less only the `reply` the request itself asks for (providers
+        refuse prompt + max_tokens over the window; 0 when it asks for none), keeping only
+        the last turn if need be, rather than forwarding a prompt over the window.
+        `DoesNotFit` when even that fails."""
         counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
         error: DoesNotFit | None = None
         for keep in (self.svc.settings.keep_recent, 1):
             settings = self.svc.settings.model_copy(update={"keep_recent": keep})
-            policy = service_policy(settings, self.window.max_input_tokens, 0, counter)
+            policy = service_policy(settings, self.window.max_input_tokens, reply, counter)
             try:
                 prepared = await policy.prepare(
                     self.messages, tools=self.tools, model=self.window.model

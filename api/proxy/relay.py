@@ -31,7 +31,7 @@ from api.proxy.fitting import Fit, Fitter
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
-from api.proxy.reserve import with_reply_room
+from api.proxy.reserve import requested_output, with_reply_room
 from api.proxy.streaming import Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
@@ -162,7 +162,9 @@ class Relay:
         except DoesNotFit:
             pass
         try:  # the head and recent turns exceed the budget: never forward it over the window
-            return self._fitted(await self.fitter.last_chance())
+            asked = requested_output(self.body) or 0
+            reply = asked if asked < window.max_input_tokens else 0
+            return self._fitted(await self.fitter.last_chance(reply))
         except DoesNotFit:
             return self._skip("does not fit")
 

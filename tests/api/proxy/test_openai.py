@@ -330,3 +330,13 @@ def test_recent_turns_over_the_budget_are_still_fitted_to_the_window(proxy: Prox
     sent = got.body["messages"]
     assert HeuristicCounter().count(validate(sent), []) <= WINDOW
     assert sent[1] == messages[1] and sent[-2:] == messages[-2:]
+    # a request asking for a reply gets room for it (prompt + reply within the window)
+    raw = sdk(proxy).chat.completions.with_raw_response.create(
+        model=proxy.model,
+        messages=messages,  # type: ignore[arg-type]
+        max_completion_tokens=3_000,
+    )
+    assert raw.headers["x-prefit-fit"] == "applied"
+    sent = proxy.fake.received[-1].body["messages"]
+    assert HeuristicCounter().count(validate(sent), []) <= WINDOW - 3_000
+    assert sent[1] == messages[1] and sent[-1] == messages[-1]
