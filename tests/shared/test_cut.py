@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +43,10 @@ def twins(window: int, counter: TokenCounter, **kw: Any) -> tuple[ContextPolicy,
     return fast, slow
 
 
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-def _run(
+def run_or_refusal(
     loop: asyncio.AbstractEventLoop, policy: ContextPolicy, msgs: list[Message], **kw: Any
 ) -> Prepared | DoesNotFit:
+    """What `policy.prepare(msgs)` returns, or the `DoesNotFit` it raises."""
     try:
         return loop.run_until_complete(policy.prepare(msgs, **kw))
     except DoesNotFit as exc:
@@ -67,7 +60,7 @@ def assert_same(
     msgs: list[Message],
     **kw: Any,
 ) -> None:
-    same(_run(loop, fast, msgs, **kw), _run(loop, slow, msgs, **kw))
+    same(run_or_refusal(loop, fast, msgs, **kw), run_or_refusal(loop, slow, msgs, **kw))
 
 
 def same(got: Prepared | DoesNotFit, expected: Prepared | DoesNotFit) -> None:
@@ -242,9 +235,12 @@ def test_frozen_snapshots_of_a_stored_conversation(loop: asyncio.AbstractEventLo
     for end in [*ends[::3], len(session)]:
         snapshot = session[:end]
         kw: dict[str, Any] = {"book": book, "hashes": hashes[: end + 1]}
-        expected = _run(loop, slow, snapshot, **kw)
+        expected = run_or_refusal(loop, slow, snapshot, **kw)
         for _ in range(2):  # the first compares, the second recognises the snapshot
-            same(_run(loop, fast, snapshot, conversation=("t", "c"), frozen=True, **kw), expected)
+            same(
+                run_or_refusal(loop, fast, snapshot, conversation=("t", "c"), frozen=True, **kw),
+                expected,
+            )
 
 
 def test_tool_results_in_the_head_are_truncated_too(loop: asyncio.AbstractEventLoop) -> None:
@@ -341,7 +337,7 @@ def test_the_latest_request_kept_between_two_runs(loop: asyncio.AbstractEventLoo
     for window in (3_000, 4_000, 8_000):
         fast, slow = twins(window, HeuristicCounter(), reserve_output=500)
         replay(loop, fast, slow, msgs)
-        out = _run(loop, fast, msgs)
+        out = run_or_refusal(loop, fast, msgs)
         assert isinstance(out, Prepared) and follow_up in out.messages
         markers = [m for m in out.messages if "were dropped here" in str(m["content"])]
         split += len(markers) == 2

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from shared.policy import ContextPolicy, Prepared
 from shared.summaries import SummaryBook, SummaryRecord
 from tests.shared import shapes
 from tests.shared.invariants import assert_justified, check
-from tests.shared.test_cut import same, twins
+from tests.shared.test_cut import run_or_refusal, same, twins
 
 SHAPES = shapes.all_shapes()
 WINDOWS = (4_000, 8_000, 32_000, 128_000)
@@ -37,22 +37,6 @@ class JsonCounter:
     ) -> int:
         size = sum(4 + len(json.dumps(m, ensure_ascii=False)) // 4 for m in messages)
         return 3 + size + (len(json.dumps(list(tools))) // 4 if tools else 0)
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
-
-
-def _run(
-    loop: asyncio.AbstractEventLoop, policy: ContextPolicy, msgs: list[Message], **kw: Any
-) -> Prepared | DoesNotFit:
-    try:
-        return loop.run_until_complete(policy.prepare(msgs, **kw))
-    except DoesNotFit as exc:
-        return exc
 
 
 def _books(msgs: list[Message]) -> list[SummaryBook | None]:
@@ -89,8 +73,8 @@ def test_shapes_with_content_counters(
         for counter in counters:
             fast, slow = twins(window, counter, reserve_output=min(4096, window // 4))
             for book in _books(msgs):
-                got = _run(loop, slow, msgs, tools=tools, book=book)
-                same(_run(loop, fast, msgs, tools=tools, book=book), got)
+                got = run_or_refusal(loop, slow, msgs, tools=tools, book=book)
+                same(run_or_refusal(loop, fast, msgs, tools=tools, book=book), got)
                 _verify(slow, msgs, got, tools)
                 if name.startswith("too_big"):
                     assert isinstance(got, DoesNotFit)
@@ -103,4 +87,4 @@ def test_shapes_with_a_count_only_counter(loop: asyncio.AbstractEventLoop, name:
     for window in WINDOWS:
         policy = ContextPolicy(window, counter=JsonCounter(), reserve_output=min(4096, window // 4))
         for book in _books(msgs):
-            _verify(policy, msgs, _run(loop, policy, msgs, book=book), ())
+            _verify(policy, msgs, run_or_refusal(loop, policy, msgs, book=book), ())
