@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import openai
 
@@ -40,8 +41,10 @@ def test_without_redis_requests_are_still_fitted_and_answered() -> None:
     assert got.status == 200 and sent_fits(got.body["messages"], [])
 
 
-def test_a_deployment_can_forward_each_clients_own_provider_key(redis_url: str) -> None:
-    """Opt-in: the prefit key rides in X-Prefit-Api-Key, the SDK's key goes upstream."""
+def forwarded_twice(redis_url: str, options: dict[str, Any]) -> FakeProvider:
+    """The fake behind a proxy forwarding client keys, after one request with the client's
+    own key (prefit's in X-Prefit-Api-Key) and one with prefit's key, both OpenAI SDKs
+    made with `options`."""
     fake = FakeProvider()
     tenant, model = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     with serve(fake.app) as fake_url:
@@ -53,11 +56,17 @@ def test_a_deployment_can_forward_each_clients_own_provider_key(redis_url: str) 
                 base_url=f"{url}/v1",
                 api_key="sk-the-clients-own",
                 default_headers={"X-Prefit-Api-Key": key_of(tenant)},
-                max_retries=0,
+                **options,
             )
             own.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
-            plain = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), max_retries=0)
+            plain = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), **options)
             plain.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+    return fake
+
+
+def test_a_deployment_can_forward_each_clients_own_provider_key(redis_url: str) -> None:
+    """Opt-in: the prefit key rides in X-Prefit-Api-Key, the SDK's key goes upstream."""
+    fake = forwarded_twice(redis_url, {"max_retries": 0})
     keys = [r.headers["authorization"] for r in fake.received]
     assert keys == ["Bearer sk-the-clients-own", "Bearer sk-upstream-openai"]
     assert all("x-prefit-api-key" not in r.headers for r in fake.received)
@@ -66,23 +75,8 @@ def test_a_deployment_can_forward_each_clients_own_provider_key(redis_url: str) 
 def test_the_clients_organization_and_project_go_with_its_own_key_only(redis_url: str) -> None:
     """`OpenAI(organization=, project=)`: forwarded beside the client's own key (they say
     which account it bills), never beside the deployment's key."""
-    fake = FakeProvider()
-    tenant, model = f"t-{uuid.uuid4().hex[:8]}", f"m-{uuid.uuid4().hex[:8]}"
     account = {"organization": "org-client", "project": "proj_client", "max_retries": 0}
-    with serve(fake.app) as fake_url:
-        settings = proxy_settings(
-            redis_url, model, tenant, fake_url, proxy_forward_client_keys=True
-        )
-        with serve(create_app(settings, enqueue=Recorder())) as url:
-            own = openai.OpenAI(
-                base_url=f"{url}/v1",
-                api_key="sk-the-clients-own",
-                default_headers={"X-Prefit-Api-Key": key_of(tenant)},
-                **account,  # type: ignore[arg-type]
-            )
-            own.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
-            plain = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), **account)  # type: ignore[arg-type]
-            plain.chat.completions.create(model=model, messages=chat(1))  # type: ignore[arg-type]
+    fake = forwarded_twice(redis_url, account)
     first, second = (r.headers for r in fake.received)
     assert (first["openai-organization"], first["openai-project"]) == ("org-client", "proj_client")
     assert "openai-organization" not in second and "openai-project" not in second
