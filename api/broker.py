@@ -1,9 +1,12 @@
 """The broker as `/readyz` and `/metrics` see it: does it answer, how many summary jobs wait.
 
-Redis: PING, and the LLEN of kombu's priority lists of the queue. RabbitMQ: a passive
-`queue_declare` (it creates nothing and answers with the queue's ready messages; a queue no one
-has declared yet holds none). Either way every call is bounded by `timeout` seconds per step,
-so a broker that is down or hangs costs a readiness check or a scrape that long at most.
+Redis: PING, and the LLEN of kombu's priority lists of the queue; the oldest job waiting is the
+tail of a list (kombu pushes on the left and pops on the right), and the API stamps each job it
+sends with the time it sent it (the `ENQUEUED_MS` header), so its age is known without taking
+it. RabbitMQ: a passive `queue_declare` (it creates nothing and answers with the queue's ready
+messages; a queue no one has declared yet holds none). Either way every call is bounded by
+`timeout` seconds per step, so a broker that is down or hangs costs a readiness check or a
+scrape that long at most.
 
 The RabbitMQ connection is kept between calls (a readiness probe every few seconds should not
 open a connection each time); a call that fails on a kept connection drops it and tries once
@@ -12,7 +15,9 @@ more on a new one, so a connection the broker closed meanwhile is not reported a
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -23,6 +28,9 @@ from shared.store.client import connect
 
 T = TypeVar("T")
 
+# the header, in every summary job the API sends, of its send time (ms since the epoch)
+ENQUEUED_MS = "prefit_enqueued_ms"
+
 
 class BrokerCheck(Protocol):
     """What the API asks of the broker."""
@@ -31,6 +39,11 @@ class BrokerCheck(Protocol):
 
     def depth(self) -> int:
         """Summary jobs waiting (not yet handed to a worker); raises if the broker is down."""
+        ...
+
+    def oldest_age(self) -> float | None:
+        """Seconds the oldest stamped job has waited (0 with none waiting), None if the broker
+        cannot tell without taking it (RabbitMQ); raises if the broker is down."""
         ...
 
     def close(self) -> None: ...
@@ -52,8 +65,26 @@ class RedisBroker:
             pipe.llen(key)
         return sum(int(n) for n in pipe.execute())
 
+    def oldest_age(self) -> float | None:
+        pipe = self._client.pipeline(transaction=False)
+        for key in keys.broker_queues(self._queue):
+            pipe.lindex(key, -1)
+        stamps = [_enqueued_ms(raw) for raw in pipe.execute() if raw is not None]
+        known = [ms for ms in stamps if ms is not None]
+        return max(0.0, time.time() - min(known) / 1000) if known else 0.0
+
     def close(self) -> None:
         self._client.close()
+
+
+def _enqueued_ms(raw: bytes | str) -> float | None:
+    """The send time a kombu Redis message carries in its headers (None for a job sent without
+    one, e.g. by a worker's retry)."""
+    try:
+        stamp = json.loads(raw)["headers"][ENQUEUED_MS]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return float(stamp) if isinstance(stamp, int | float) else None
 
 
 class AmqpBroker:
@@ -78,6 +109,9 @@ class AmqpBroker:
                 return 0
 
         return self._call(count)
+
+    def oldest_age(self) -> float | None:
+        return None  # a queued message can be read only by taking it: see RabbitMQ's own metrics
 
     def _call(self, use: Callable[[Any], T]) -> T:
         with self._lock:

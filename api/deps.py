@@ -41,7 +41,7 @@ from api.proxy.upstream import Transport
 from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, keys
 from shared.store.client import Client
 from shared.store.increments import AsyncIncrements, Increments
 from shared.store.lookup import RecordLookup
@@ -132,6 +132,7 @@ class Services:
                 usage=self.store.usage.get,
                 tenants=self.keyring.tenants,
                 breakers=self.store.breakers.all,
+                dead_letters=lambda tenant: int(client.llen(keys.dead_letters(tenant))),
             )
         )
 

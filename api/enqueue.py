@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from api.broker import ENQUEUED_MS
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
 from shared.service.broker import celery_options
@@ -97,6 +99,7 @@ class CeleryEnqueue:
                 # once, at once: a connection the broker dropped (a restart) is made again
                 retry=True,
                 retry_policy=RETRY_ONCE,
+                headers={ENQUEUED_MS: int(time.time() * 1000)},  # the queue's age on /metrics
             )
         except Exception as exc:  # kombu/redis/socket errors: the broker is not there
             raise StoreUnavailable(f"broker unavailable: {type(exc).__name__}") from exc

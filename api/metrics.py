@@ -1,10 +1,11 @@
 """Prometheus metrics of one app, on a registry of its own (so apps in one process do not clash).
 
-Request-level numbers come from the canonical request log record; LLM usage is read from
-Redis when scraped (the usage counters of every configured tenant), the summary queue's depth
-from the broker (Redis or RabbitMQ: `api.broker`). A scrape with Redis down reports
-`prefit_store_up 0` and the request metrics, one with the broker down `prefit_broker_up 0`
-without the depth; it never fails.
+Request-level numbers come from the canonical request log record (the drop-in proxy's fit
+outcomes and its providers' answers too); LLM usage and dead letters are read from Redis when
+scraped (the counters and lists of every configured tenant), the summary queue's depth and the
+age of its oldest job from the broker (Redis or RabbitMQ: `api.broker`). A scrape with Redis
+down reports `prefit_store_up 0` and the request metrics, one with the broker down
+`prefit_broker_up 0` without the depth; it never fails.
 
 Several API processes on one port (`prefit up --api-workers N`, uvicorn `--workers`) each
 count their own requests. With `PROMETHEUS_MULTIPROC_DIR` set (`Settings.metrics_dir`),
@@ -58,6 +59,12 @@ PREPARE_ROUTES = {
     "/v1/prepare": "stateless",
 }
 APPEND_ROUTE = "/v1/conversations/{conversation_id}/messages"
+# the proxy's errors (api/proxy) that leave no provider status: the provider failed to answer
+UPSTREAM_FAILURES = {
+    "UpstreamTimeout": "timeout",
+    "UpstreamUnreachable": "unreachable",
+    "UpstreamBroke": "broke",
+}
 
 
 class Metrics:
@@ -112,6 +119,23 @@ class Metrics:
         self.errors = Counter(
             "prefit_errors", "error responses by error type", ["type"], registry=r
         )
+        self.redis_errors = Counter(
+            "prefit_redis_errors",
+            "requests that met a Redis error (answered 503, or degraded without Redis)",
+            registry=r,
+        )
+        self.fits = Counter(
+            "prefit_proxy_fits",
+            "proxy requests by what prepare did (x-prefit-fit: applied, unchanged, skipped)",
+            ["outcome"],
+            registry=r,
+        )
+        self.upstream = Counter(
+            "prefit_upstream_responses",
+            "the proxy's provider answers: status class (2xx, 4xx, 5xx, exactly 429) or failure",
+            ["route", "status"],
+            registry=r,
+        )
         self._store: StoreCollector | None = None
         self._processes: Path | None = None
 
@@ -119,6 +143,13 @@ class Metrics:
         self.requests.labels(record.route, str(record.status)).inc()
         if record.error is not None:
             self.errors.labels(record.error).inc()
+        if record.error == "StoreUnavailable" or record.degraded:
+            self.redis_errors.inc()
+        if record.fit is not None:
+            self.fits.labels(record.fit).inc()
+        upstream = upstream_status(record)
+        if upstream is not None:
+            self.upstream.labels(record.route, upstream).inc()
         if not 200 <= record.status < 300:
             return
         seconds = record.latency_ms / 1000
@@ -169,9 +200,21 @@ class Metrics:
         return out
 
 
+def upstream_status(record: RequestLog) -> str | None:
+    """The provider's answer to a proxied request as a label, None if none was asked."""
+    failure = UPSTREAM_FAILURES.get(record.error or "")
+    if failure is not None:
+        return failure
+    status = record.upstream_status
+    if status is None:
+        return None
+    return "429" if status == 429 else f"{status // 100}xx"
+
+
 class StoreCollector:
     """Scrape-time numbers from Redis: LLM usage (summed, and per tenant for
-    `view(per_tenant=True)`) and the summarizer breakers; and the broker's summary queue depth."""
+    `view(per_tenant=True)`), dead letters kept and the summarizer breakers; and the broker's
+    summary queue depth and oldest job's age."""
 
     def __init__(
         self,
@@ -182,6 +225,7 @@ class StoreCollector:
         per_tenant: bool = False,
         reachable: bool = True,
         breakers: Callable[[], Sequence[BreakerState]] | None = None,
+        dead_letters: Callable[[str], int] | None = None,
     ) -> None:
         self._broker = broker
         self._usage = usage
@@ -189,6 +233,7 @@ class StoreCollector:
         self._per_tenant = per_tenant
         self._reachable = reachable
         self._breakers = breakers
+        self._dead_letters = dead_letters
 
     def view(self, *, per_tenant: bool, reachable: bool = True) -> StoreCollector:
         """This collector for one scrape (with or without tenant names; Redis or not)."""
@@ -199,6 +244,7 @@ class StoreCollector:
             per_tenant=per_tenant,
             reachable=reachable,
             breakers=self._breakers,
+            dead_letters=self._dead_letters,
         )
 
     def describe(self) -> list[Metric]:
@@ -212,12 +258,19 @@ class StoreCollector:
             "1 while a summarizer's breaker is open or half-open (no calls but a probe)",
             labels=["provider"],
         )
+        dead = GaugeMetricFamily(
+            "prefit_dead_letters",
+            "summary jobs given up, kept per tenant (dead_letters_max each, for retention_s)",
+        )
         ok = 1.0 if self._reachable else 0.0
         try:
             if not self._reachable:
                 raise TimeoutError("redis did not answer within the scrape's time")
+            kept = 0
             for tenant in self._tenants:
                 usage.add(tenant, self._usage(tenant))
+                kept += self._dead_letters(tenant) if self._dead_letters is not None else 0
+            dead.add_metric([], float(kept))
             for state in self._breakers() if self._breakers is not None else ():
                 breaker.add_metric([state.label], 0.0 if state.state == "closed" else 1.0)
         except Exception as exc:  # a scrape must answer even with Redis down
@@ -228,13 +281,15 @@ class StoreCollector:
         if ok:
             yield from usage.families()
             yield breaker
+            yield dead
         if self._reachable:  # past the scrape's time: the broker is not asked either
             yield from self._queue_depth()
 
     def _queue_depth(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("prefit_broker_up", "1 if the broker answered this scrape")
         try:
-            waiting = self._broker().depth()
+            broker = self._broker()
+            waiting, age = broker.depth(), broker.oldest_age()
         except Exception as exc:  # the broker (Redis or RabbitMQ) is down: no depth to report
             log.warning("metrics.broker_unavailable", error=type(exc).__name__)
             up.add_metric([], 0.0)
@@ -247,6 +302,13 @@ class StoreCollector:
         )
         depth.add_metric([], float(waiting))
         yield depth
+        if age is not None:  # Redis only (RabbitMQ cannot tell without taking the job)
+            oldest = GaugeMetricFamily(
+                "prefit_summary_queue_oldest_seconds",
+                "how long the oldest summary job sent by the API has waited (0: none waiting)",
+            )
+            oldest.add_metric([], age)
+            yield oldest
 
 
 class _Usage:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from pydantic import AliasChoices, BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -119,6 +120,16 @@ class Settings(BaseSettings):
     upstream_max_connections: int = 200
     upstream_keepalive_s: float = 60.0
 
+    # secrets as files (docker-compose.yml's `secrets`): a folder of files, each named after its
+    # setting in lower case (prefit_api_keys, prefit_redis_password, ...); a variable wins over
+    # a file. Read by `get_settings` only: a folder of secrets is a deployment's, not a test's
+    secrets_dir: Path | None = None
+    # a password for REDIS_URL (and a Redis broker URL) that holds none, e.g. from a secret file
+    redis_password: SecretStr | None = None
+    # a password for an amqp:// PREFIT_BROKER_URL that holds none (a Redis broker takes
+    # redis_password: the same Redis unless its URL says otherwise)
+    rabbitmq_password: SecretStr | None = None
+
     # misc
     tiktoken_dir: Path | None = None
     # tiktoken's own convention: a folder of files named by the SHA-1 of their download URL
@@ -137,6 +148,18 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _passwords_into_urls(self) -> Settings:
+        redis_password = _plain(self.redis_password)
+        if redis_password:
+            self.redis_url = with_password(self.redis_url, redis_password)
+        if self.broker_url:
+            redis = urlsplit(self.broker_url).scheme in REDIS_SCHEMES
+            password = redis_password if redis else _plain(self.rabbitmq_password)
+            if password:
+                self.broker_url = with_password(self.broker_url, password)
+        return self
+
     @property
     def open_access(self) -> bool:
         """No API key configured: one local tenant, and the API must bind to loopback only."""
@@ -147,7 +170,31 @@ class Settings(BaseSettings):
         return self.broker_url or self.redis_url
 
 
+REDIS_SCHEMES = ("redis", "rediss")
+PASSWORD_SCHEMES = (*REDIS_SCHEMES, "amqp", "amqps", "pyamqp")
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` with `password` in it, unless it holds one already (the URL's own wins) or its
+    scheme takes none (a unix socket)."""
+    parts = urlsplit(url)
+    if parts.scheme not in PASSWORD_SCHEMES or parts.password is not None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    user = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    netloc = f"{user}:{quote(password, safe='')}@{host}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def _plain(secret: SecretStr | None) -> str:
+    return secret.get_secret_value() if secret is not None else ""
+
+
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The process's settings (tests build their own `Settings` instead)."""
-    return Settings()
+    """The process's settings (tests build their own `Settings` instead): the environment, then
+    the files of PREFIT_SECRETS_DIR for what it does not set."""
+    found = Settings()
+    if found.secrets_dir is None:
+        return found
+    return Settings(_secrets_dir=found.secrets_dir)  # type: ignore[call-arg]

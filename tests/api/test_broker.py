@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi.testclient import TestClient
@@ -13,6 +14,8 @@ from shared.commands.redisproc import free_port
 from shared.service.broker import connection_name
 from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.settings import Settings
+from shared.store import keys
+from shared.store.client import connect
 from tests.api.conftest import Recorder, make_settings
 from tests.brokerbackend import drop_connections, needs_rabbitmqctl, new_queue
 
@@ -39,6 +42,30 @@ def test_redis_depth_counts_every_priority_list(settings: Settings, tenant: str)
         assert isinstance(check, RedisBroker) and check.ping() and check.depth() == 0
         publish(settings, tenant, [PRIORITY_AHEAD, PRIORITY_STALE, PRIORITY_AHEAD])
         assert check.depth() == 3
+    finally:
+        check.close()
+
+
+def test_redis_oldest_age_is_the_oldest_stamped_job(settings: Settings, tenant: str) -> None:
+    """The age of the oldest job the API sent (its send-time header) over every priority list;
+    0 with none waiting; a job sent without the stamp (a worker's retry) does not count."""
+    check = broker_check(settings, 0.5)
+    assert isinstance(check, RedisBroker)
+    try:
+        assert check.oldest_age() == 0.0
+        publish(settings, tenant, [PRIORITY_STALE])
+        time.sleep(0.3)
+        publish(settings, tenant, [PRIORITY_AHEAD])
+        client = connect(settings.broker)
+        unstamped = keys.broker_queues(settings.summary_queue)[-1]
+        client.rpush(unstamped, json.dumps({"headers": {"task": "prefit.summarize"}}))
+        client.close()
+        age = check.oldest_age()
+        assert age is not None and 0.3 <= age < 5.0
+        with TestClient(create_app(settings, enqueue=Recorder())) as c:
+            metrics = c.get("/metrics").text
+        [line] = [x for x in metrics.splitlines() if x.startswith("prefit_summary_queue_oldest")]
+        assert 0.3 <= float(line.split()[1]) < 5.0
     finally:
         check.close()
 
@@ -99,6 +126,7 @@ def test_readiness_and_metrics_read_rabbitmq(
         metrics = c.get("/metrics").text
     assert ready.status_code == 200 and ready.json()["broker"] is True
     assert "prefit_broker_up 1.0" in metrics and "prefit_summary_queue_depth 1.0" in metrics
+    assert "prefit_summary_queue_oldest_seconds" not in metrics  # RabbitMQ cannot tell
 
 
 def test_rabbitmq_down_is_not_ready_yet_the_store_metrics_stay(redis_url: str, model: str) -> None:
