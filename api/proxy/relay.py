@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from fastapi import BackgroundTasks, Response
@@ -35,6 +35,7 @@ from api.proxy.reserve import requested_output, with_reply_room
 from api.proxy.streaming import Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
+from shared.messages import Message
 
 log = get_logger(__name__)
 
@@ -57,6 +58,7 @@ def _json(content: bytes) -> Any:
 class Relay:
     """Forwards one request; `run` returns the response for the client."""
 
+    endpoint: ClassVar[str | None] = None  # under the upstream's /v1; None: its own endpoint
     svc: Services
     dialect: Dialect
     caller: Caller
@@ -85,7 +87,7 @@ class Relay:
             started = time.perf_counter()
             try:
                 upstream = await self.svc.transport.send(
-                    self.dialect.name, self._upstream_headers(), body
+                    self.dialect.name, self._upstream_headers(), body, self.endpoint
                 )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
@@ -148,7 +150,7 @@ class Relay:
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        self.conv_id = self._conversation(messages)
         messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
@@ -167,6 +169,11 @@ class Relay:
             return self._fitted(await self.fitter.last_chance(reply))
         except DoesNotFit:
             return self._skip("does not fit")
+
+    def _conversation(self, messages: list[Message]) -> str:
+        """The request's conversation id. `self.body` is at hand here: the place to read
+        the client's session signals (`prompt_cache_key`) once identity takes them."""
+        return conversation_id(self.headers, self.caller.tenant, messages)
 
     def _skip(self, reason: str) -> Fit | None:
         self.label = f"skipped ({reason})"
