@@ -130,14 +130,16 @@ def codex_session(turns: int, output_chars: int = 1200) -> list[dict[str, Any]]:
     return items
 
 
-def _key(item: dict[str, Any]) -> str:
-    return json.dumps(item, sort_keys=False)
-
-
-def assert_fitted_faithfully(sent: list[dict[str, Any]], given: list[dict[str, Any]]) -> None:
+def assert_fitted_faithfully(
+    sent: list[dict[str, Any]], given: list[dict[str, Any]], *, key_order: bool = True
+) -> None:
     """What went upstream is the head, then items of `given` in their order: every carried
-    item byte for byte, every call with its output (an output maybe shortened), and only
-    user messages (summaries) added."""
+    item byte for byte (keys in their order unless a client re-serialized them), every call
+    with its output (an output maybe shortened), and only user messages (summaries) added."""
+
+    def _key(item: dict[str, Any]) -> str:
+        return json.dumps(item, sort_keys=not key_order)
+
     assert sent[:2] == given[:2]
     originals = {_key(item): k for k, item in enumerate(given)}
     outputs = {i["call_id"]: k for k, i in enumerate(given) if i.get("type") in PAIRED_OUTPUTS}
