@@ -241,18 +241,37 @@ def test_an_overflow_is_retried_deeper_and_the_client_sees_only_the_success(
     assert_fitted_faithfully(second.body["input"], items)
 
 
-def test_server_side_state_is_forwarded_unfitted_and_the_header_says_so(proxy: Proxy) -> None:
-    """With `previous_response_id` the provider holds turns prefit cannot see: the request
-    goes upstream exactly as sent."""
+@pytest.mark.parametrize(
+    ("field", "value"), [("previous_response_id", "resp_earlier"), ("conversation", "conv_1")]
+)
+def test_server_side_state_is_forwarded_unfitted_and_the_header_says_so(
+    proxy: Proxy, field: str, value: str
+) -> None:
+    """With `previous_response_id` or `conversation` the provider holds turns prefit cannot
+    see: the request goes upstream exactly as sent."""
     items = codex_session(10)
     raw = sdk(proxy).responses.with_raw_response.create(
         model=proxy.model,
         input=items,  # type: ignore[arg-type]
-        previous_response_id="resp_earlier",
+        **{field: value},  # type: ignore[arg-type]
     )
-    assert raw.headers["x-prefit-fit"] == "skipped (server-side state: previous_response_id)"
+    assert raw.headers["x-prefit-fit"] == f"skipped (server-side state: {field})"
     [got] = proxy.fake.received
-    assert got.body["input"] == items and got.body["previous_response_id"] == "resp_earlier"
+    assert got.body == {"model": proxy.model, "input": items, field: value}
+
+
+def test_an_input_prefit_cannot_read_is_forwarded_naming_the_item(proxy: Proxy) -> None:
+    """An output answering no call of the turn before it: the provider judges it; the
+    header names the input item at fault."""
+    items = [*codex_session(3), {"type": "function_call_output", "call_id": "nope", "output": ""}]
+    raw = sdk(proxy).responses.with_raw_response.create(
+        model=proxy.model,
+        input=items,  # type: ignore[arg-type]
+    )
+    assert (
+        raw.headers["x-prefit-fit"] == f"skipped (invalid transcript at message {len(items) - 1})"
+    )
+    assert proxy.fake.received[0].body["input"] == items
 
 
 def test_a_short_string_input_goes_byte_for_byte(proxy: Proxy) -> None:
