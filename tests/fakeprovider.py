@@ -59,7 +59,7 @@ class Received:
     protocol: str
     headers: Mapping[str, str]
     body: dict[str, Any]
-    status: int
+    status: int  # 400 for an overflow reported inside a 200 stream
     path: str = ""
 
 
@@ -94,6 +94,9 @@ class FakeProvider:
         self.words = tuple(words)
         self.event_delay = event_delay
         self.record = record
+        # a streamed Responses request over the window is refused inside a 200 stream, by a
+        # `response.failed` event (recorded as a 400), as OpenAI may do
+        self.overflow_in_stream = False
         self.cancelled = 0  # streams whose client went away before the end
         self._received: list[Received] = []
         self._script: list[Reply] = []
@@ -216,6 +219,10 @@ class FakeProvider:
             reply = Reply(400, overflow=True, limit=self.limit_tokens)
         status = reply.status if reply is not None else 200
         self._note(protocol, request, body, status)
+        in_stream = protocol == "responses" and body.get("stream") is True
+        if self.overflow_in_stream and in_stream and reply is not None and reply.overflow:
+            failed = _responses_failed(body, _error(protocol, reply, tokens)["error"])
+            return StreamingResponse(self._paced(failed), media_type="text/event-stream")
         if reply is not None and reply.status >= 300:
             payload = (
                 dict(reply.body) if reply.body is not None else _error(protocol, reply, tokens)
@@ -328,6 +335,22 @@ def _responses_events(
         events += _item_events(item, k, words)
     done = _response(body, "resp_fake", output, tokens, len(words))
     events.append({"type": "response.completed", "response": done})
+    return [{**e, "sequence_number": n} for n, e in enumerate(events)]
+
+
+def _responses_failed(body: Mapping[str, Any], error: dict[str, Any]) -> list[dict[str, Any] | str]:
+    """A stream that fails before any output: created, in progress, failed with `error`."""
+    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    failed = {
+        **start,
+        "status": "failed",
+        "error": {"code": error["code"], "message": error["message"]},
+    }
+    events = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+        {"type": "response.failed", "response": failed},
+    ]
     return [{**e, "sequence_number": n} for n, e in enumerate(events)]
 
 

@@ -32,7 +32,7 @@ from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.reserve import requested_output, with_reply_room
-from api.proxy.streaming import Tap, error_event, passthrough
+from api.proxy.streaming import Opened, Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
 from shared.messages import Message
@@ -96,21 +96,35 @@ class Relay:
                 self.rec.upstream_ms = round((self.rec.upstream_ms or 0.0) + waited, 3)
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
-                return self._streamed(upstream, fit)
+                opened = Opened(upstream)
+                overflow = await self._stream_overflow(opened)
+                retried = await self._after(fit, overflow)
+                if retried is None:
+                    return self._streamed(upstream, fit, opened)
+                await upstream.aclose()
+                fit = retried
+                continue
             content = await upstream.aread()
             await upstream.aclose()
             if self._refused_usage(upstream.status_code, content):
                 continue
             answer = _json(content)
-            overflow = self.dialect.overflow(upstream.status_code, answer)
-            if overflow is not None:
-                retried = await (
-                    self._retry(fit, overflow) if fit is not None else self._learn(overflow)
-                )
-                if retried is not None:
-                    fit = retried
-                    continue
+            retried = await self._after(fit, self.dialect.overflow(upstream.status_code, answer))
+            if retried is not None:
+                fit = retried
+                continue
             return self._answered(upstream, content, answer, fit)
+
+    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+        """A context-length error the provider reports inside a stream it opened, read
+        ahead before any event is passed on; None (nothing read) where none comes so."""
+        return None
+
+    async def _after(self, fit: Fit | None, overflow: Overflow | None) -> Fit | None:
+        """The fit to retry with after `overflow`; None when there is none (or no retry)."""
+        if overflow is None:
+            return None
+        return await (self._retry(fit, overflow) if fit is not None else self._learn(overflow))
 
     def _refused_usage(self, status: int, content: bytes) -> bool:
         """Whether the upstream refused the `stream_options` prefit added (older Azure
@@ -272,13 +286,13 @@ class Relay:
             background=self.background,
         )
 
-    def _streamed(self, upstream: httpx.Response, fit: Fit | None) -> Response:
+    def _streamed(self, upstream: httpx.Response, fit: Fit | None, opened: Opened) -> Response:
         tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
         if fit is not None:
             self.background.add_task(self._observe_stream, fit, tap)
         self._settle()
         return StreamingResponse(
-            passthrough(upstream, tap, self.rec, self._broken()),
+            passthrough(upstream, tap, self.rec, self._broken(), opened),
             status_code=upstream.status_code,
             headers=self._answer_headers(upstream.headers, fit),
             background=self.background,

@@ -23,13 +23,17 @@ from typing import Any, ClassVar
 from api.proxy.fitting import Fit
 from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
+from api.proxy.overflow import Overflow
 from api.proxy.relay import Relay
-from api.proxy.streaming import Tap, data_of
+from api.proxy.streaming import Opened, Tap, data_of
 from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
 from shared.messages import Message, ToolSpec
 
 STATE_FIELDS = ("previous_response_id", "conversation")
+# what a stream sends before the model's output starts (or it fails)
+_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+_EVENT = re.compile(rb"^event:[ \t]*(\S+)", re.M)
 # the events whose `response` carries the final usage
 _FINAL = re.compile(rb"response\.(?:completed|incomplete|failed)")
 
@@ -91,6 +95,16 @@ class ResponsesDialect(OpenAIDialect):
         return input_tokens(answer.get("usage")) if isinstance(answer, dict) else None
 
 
+def event_type(event: bytes) -> str | None:
+    """The type of one server-sent event: its `event:` line's, else its data's `type`."""
+    found = _EVENT.search(event)
+    if found is not None:
+        return found.group(1).decode(errors="replace")
+    data = data_of(event)
+    kind = data.get("type") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def server_state(body: Mapping[str, Any]) -> str | None:
     """The field by which `body` continues state held by the provider, if any."""
     return next((f for f in STATE_FIELDS if body.get(f) not in (None, "")), None)
@@ -106,6 +120,18 @@ class ResponsesRelay(Relay):
         if state is not None:
             return self._skip(f"server-side state: {state}")
         return await super()._first_fit()
+
+    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+        """OpenAI may refuse a streamed request over the window in the stream itself: a
+        `response.failed` event whose error is `context_length_exceeded`, after
+        `response.created`. The events before the output are read ahead to see it."""
+        first = await opened.until(lambda e: event_type(e) not in _PREAMBLE)
+        if first is None or event_type(first) != "response.failed":
+            return None
+        data = data_of(first)
+        response = data.get("response") if isinstance(data, dict) else None
+        error = response.get("error") if isinstance(response, dict) else None
+        return self.dialect.overflow(400, {"error": error})
 
 
 class ResponsesCountRelay(CountRelay, ResponsesRelay):

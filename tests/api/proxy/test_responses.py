@@ -241,6 +241,42 @@ def test_an_overflow_is_retried_deeper_and_the_client_sees_only_the_success(
     assert_fitted_faithfully(second.body["input"], items)
 
 
+def test_an_overflow_reported_inside_the_stream_is_retried_before_any_event(
+    proxy: Proxy,
+) -> None:
+    """A `response.failed` with `context_length_exceeded` after `response.created` is
+    read ahead, not passed on: the request is retried deeper and the client reads only the
+    stream that succeeded."""
+    proxy.fake.scale = 1.5
+    proxy.fake.overflow_in_stream = True
+    items = codex_session(30)
+    raw = sdk(proxy).responses.with_raw_response.create(
+        model=proxy.model,
+        input=items,  # type: ignore[arg-type]
+        stream=True,
+    )
+    events = list(raw.parse())
+    assert [e.type for e in events].count("response.created") == 1
+    assert "response.failed" not in [e.type for e in events]
+    assert events[-1].type == "response.completed"
+    assert raw.headers["x-prefit-retries"] == "1"
+    assert [r.status for r in proxy.fake.received] == [400, 200]
+
+
+def test_a_stream_that_fails_otherwise_is_passed_on_as_it_came(proxy: Proxy) -> None:
+    """When no retry is left the failed stream reaches the client, every event of it."""
+    proxy.fake.scale = 1.5
+    proxy.fake.overflow_in_stream = True
+    raw = sdk(proxy).responses.with_raw_response.create(
+        model=proxy.model,
+        input=codex_session(30),  # type: ignore[arg-type]
+        stream=True,
+        previous_response_id="resp_1",  # unfitted: nothing to retry with
+    )
+    kinds = [e.type for e in raw.parse()]
+    assert kinds == ["response.created", "response.in_progress", "response.failed"]
+
+
 @pytest.mark.parametrize(
     ("field", "value"), [("previous_response_id", "resp_earlier"), ("conversation", "conv_1")]
 )
