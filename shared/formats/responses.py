@@ -18,9 +18,10 @@ prefit does not cut comes back equal, keys in their order. The Responses items m
   output, `computer_call`, `web_search_call`, `mcp_*`, `item_reference`, types prefit does
   not know) is carried as it came, in place, in the assistant message of its turn, as a
   `thinking` part holding its JSON: counted by its size, never cut by any strategy (they
-  keep thinking blocks as sent), invisible to summaries. An output item of that kind right
-  after tool messages (a `local_shell_call_output` beside function outputs) rides with the
-  last of them, under the marker, so a pair is never split.
+  keep thinking blocks as sent), invisible to summaries. An output item of that kind (a
+  `local_shell_call_output`) ends its turn, so a local shell loop is a turn per step; the
+  outputs right after it join that turn, and one right after tool messages (beside
+  function outputs) rides with the last of them, under the marker: a pair is never split.
 
 What has no chat twin is kept under a `"responses"` key: on a message (`item`: the item less
 its content; `layout`; `instructions`; `after`), on a tool call (the call item less its
@@ -83,6 +84,7 @@ class _Reader:
         self.out = out
         self.origins = origins
         self.run: Message | None = None
+        self.answered: Message | None = None  # the last turn an output item closed
 
     def read(self, item: Any, i: int) -> None:
         if not isinstance(item, dict):
@@ -153,20 +155,19 @@ class _Reader:
 
     def _opaque(self, item: dict[str, Any], i: int) -> None:
         kind = item.get("type")
+        output = isinstance(kind, str) and kind.endswith("_output")
         last = self.out[-1] if self.out else None
-        if (
-            self.run is None
-            and last is not None
-            and last["role"] == "tool"
-            and isinstance(kind, str)
-            and kind.endswith("_output")
-        ):
-            last[MARK].setdefault("after", []).append(item)
-            return
+        if output and self.run is None and last is not None:
+            if last["role"] == "tool":  # beside function outputs: rides with them
+                last[MARK].setdefault("after", []).append(item)
+                return
+            if last is self.answered:  # another output of the turn one output closed
+                _carry(last, item)
+                return
         run = self._open(i)
-        text = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
-        run["content"].append({"type": _OPAQUE, _OPAQUE: text, MARK: _ITEM})
-        run[MARK]["layout"].append(_ITEM)
+        _carry(run, item)
+        if output and "tool_calls" not in run:  # its output ends the turn (a local shell
+            self.run, self.answered = None, run  # loop is one turn per step, not one turn)
 
     def _open(self, i: int) -> Message:
         """The open assistant message, begun at item `i` when there is none."""
@@ -180,6 +181,13 @@ class _Reader:
         self.run = None
         self.out.append(msg)
         self.origins.append(i)
+
+
+def _carry(run: Message, item: dict[str, Any]) -> None:
+    """Put `item` at the end of assistant message `run`, as a part holding its JSON."""
+    text = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
+    run["content"].append({"type": _OPAQUE, _OPAQUE: text, MARK: _ITEM})
+    run[MARK]["layout"].append(_ITEM)
 
 
 def _plain(item: dict[str, Any], content: Any) -> bool:

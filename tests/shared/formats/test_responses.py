@@ -145,6 +145,23 @@ def test_an_output_item_after_function_outputs_stays_with_its_pair() -> None:
     assert _bytes(to_responses(messages)) == _bytes(items)
 
 
+def test_a_local_shell_loop_is_one_turn_per_step() -> None:
+    """Reasoning, a local shell call and its output, again and again: each step its own
+    turn (cut whole, pairs kept), and parallel outputs stay in the turn of their calls."""
+    step = [
+        REASONING,
+        {"type": "local_shell_call", "id": "ls1", "call_id": "a", "status": "completed"},
+        {"type": "local_shell_call", "id": "ls2", "call_id": "b", "status": "completed"},
+        {"type": "local_shell_call_output", "id": "a", "output": "x"},
+        {"type": "local_shell_call_output", "id": "b", "output": "y"},
+    ]
+    items = [{"role": "user", "content": "go"}, *step, *step, *step]
+    messages = from_responses(None, items)
+    assert [m["role"] for m in messages] == ["user", "assistant", "assistant", "assistant"]
+    assert all(len(m["content"]) == len(step) for m in messages[1:])
+    assert _bytes(to_responses(messages)) == _bytes(items)
+
+
 def test_a_shortened_output_converts_back_with_its_other_keys() -> None:
     """A strategy's shortened tool output and message text go back in their own items."""
     long = "line\n" * 5000
