@@ -279,7 +279,7 @@ def _consumes(layout: list[Any]) -> tuple[int, int]:
         elif entry == _ITEM:
             parts += 1
         elif isinstance(entry, dict) and isinstance(entry.get("parts"), int):
-            parts += max(1, entry["parts"])
+            parts += 1 if entry["parts"] < 0 else entry["parts"]  # -1: string content
         else:
             return -1, -1
     return parts, calls

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.errors import InvalidTranscript
 from shared.formats.responses import from_responses, read_responses, to_responses
@@ -85,6 +87,52 @@ def _bytes(items: Any) -> str:
     return json.dumps(items)
 
 
+def _block(kind: int, k: int) -> list[dict[str, Any]]:
+    """One stretch of a transcript, by kind; `k` makes its ids unique."""
+    call = _call(f"c{k}")
+    custom = {"type": "custom_tool_call", "call_id": f"x{k}", "name": "apply_patch", "input": "p"}
+    assistant = {
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": "t", "annotations": []}],
+    }
+    blocks: list[list[dict[str, Any]]] = [
+        [{"role": "user", "content": f"u{k}"}],
+        [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "d"}],
+            }
+        ],
+        [assistant],
+        [{**REASONING, "id": f"rs{k}"}, call, _output(f"c{k}")],
+        [
+            call,
+            {**call, "call_id": f"d{k}"},
+            _output(f"c{k}"),
+            _output(f"d{k}", [{"type": "input_text", "text": "o"}]),
+        ],
+        [custom, {"type": "custom_tool_call_output", "call_id": f"x{k}", "output": "done"}],
+        [OPAQUE[(k * 7) % len(OPAQUE)]],
+        [
+            {"type": "local_shell_call", "call_id": f"l{k}"},
+            {"type": "local_shell_call_output", "id": f"l{k}", "output": "o"},
+        ],
+    ]
+    return blocks[kind % len(blocks)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=7), max_size=25), st.booleans())
+def test_any_mix_of_items_round_trips_and_validates(kinds: list[int], instructions: bool) -> None:
+    """Whatever the order of the stretches, the messages are valid and convert back equal."""
+    items = [item for k, kind in enumerate([0, *kinds]) for item in _block(kind, k)]
+    messages = from_responses("i" if instructions else None, items)
+    validate(messages)
+    assert _bytes(to_responses(messages)) == _bytes(items)
+
+
 def test_codex_input_round_trips_byte_for_byte() -> None:
     """What Codex sends converts to valid chat messages and back to the same JSON text."""
     items = _codex_input()
@@ -143,6 +191,13 @@ def test_an_output_item_after_function_outputs_stays_with_its_pair() -> None:
     messages = from_responses(None, items)
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "user"]
     assert _bytes(to_responses(messages)) == _bytes(items)
+
+
+def test_an_assistant_message_with_no_parts_round_trips() -> None:
+    """An assistant message item with an empty content list, beside a call, comes back."""
+    empty = {"type": "message", "role": "assistant", "content": [], "id": "m"}
+    items = [{"role": "user", "content": "go"}, empty, _call("a"), _output("a")]
+    assert _bytes(to_responses(from_responses(None, items))) == _bytes(items)
 
 
 def test_a_local_shell_loop_is_one_turn_per_step() -> None:
