@@ -35,6 +35,8 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import orjson
+
 from shared.errors import InvalidTranscript
 from shared.messages import Message
 
@@ -46,6 +48,8 @@ OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 INPUT_ROLES = frozenset({"user", "system", "developer"})
 _OPAQUE = "thinking"  # the part type carrying an opaque item (see the module docstring)
 _CALL, _ITEM = "call", "item"  # layout entries besides a message's {"parts": n, ...}
+_EXACT = "item-stdlib"  # a carried item's part whose JSON is the stdlib's (see _carry)
+_CARRIED = frozenset({_ITEM, _EXACT})
 
 
 # --- Responses -> chat -----------------------------------------------------------------------
@@ -184,9 +188,14 @@ class _Reader:
 
 
 def _carry(run: Message, item: dict[str, Any]) -> None:
-    """Put `item` at the end of assistant message `run`, as a part holding its JSON."""
-    text = json.dumps(item, ensure_ascii=False, separators=(",", ":"))
-    run["content"].append({"type": _OPAQUE, _OPAQUE: text, MARK: _ITEM})
+    """Put `item` at the end of assistant message `run`, as a part holding its JSON
+    (orjson's, ten times faster; the stdlib's for what orjson cannot hold exactly:
+    integers past 64 bits, which its parser would read back as floats)."""
+    try:
+        text, mark = orjson.dumps(item).decode(), _ITEM
+    except (TypeError, orjson.JSONEncodeError):
+        text, mark = json.dumps(item, ensure_ascii=False, separators=(",", ":")), _EXACT
+    run["content"].append({"type": _OPAQUE, _OPAQUE: text, MARK: mark})
     run[MARK]["layout"].append(_ITEM)
 
 
@@ -349,11 +358,12 @@ def _call_item(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_item(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == _OPAQUE and part.get(MARK) == _ITEM
+    return isinstance(part, dict) and part.get("type") == _OPAQUE and part.get(MARK) in _CARRIED
 
 
 def _item_of(part: dict[str, Any]) -> dict[str, Any]:
-    item: dict[str, Any] = json.loads(part[_OPAQUE])
+    text = part[_OPAQUE]
+    item: dict[str, Any] = json.loads(text) if part.get(MARK) == _EXACT else orjson.loads(text)
     return item
 
 

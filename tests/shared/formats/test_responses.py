@@ -33,7 +33,8 @@ OPAQUE: list[dict[str, Any]] = [
     {"type": "mcp_call", "id": "mc_1", "name": "t", "arguments": "{}", "server_label": "s"},
     {"type": "item_reference", "id": "msg_old"},
     {"id": "msg_older"},  # an item reference without its optional type
-    {"type": "some_future_item", "payload": [1, 2.5, None, {"deep": True}]},
+    {"type": "some_future_item", "payload": [1, 2.5, None, {"deep": True}, "é ✓"]},
+    {"type": "huge_number_item", "n": 123456789012345678901234567890},
 ]
 
 
