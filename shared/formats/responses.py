@@ -25,7 +25,9 @@ prefit does not cut comes back equal, keys in their order. The Responses items m
 
 What has no chat twin is kept under a `"responses"` key: on a message (`item`: the item less
 its content; `layout`; `instructions`; `after`), on a tool call (the call item less its
-arguments) and on a text part (the part less its text). Strategies rewrite only text, so a
+arguments) and on a text part (the part less its text). Those items are kept as JSON text,
+as the carried items are: the store keeps messages as canonical (key-sorted) JSON, and a
+string keeps an item's key order through it. Strategies rewrite only text, so a
 shortened tool output or message converts back as it now is, with every other key as sent.
 """
 
@@ -48,8 +50,6 @@ OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 INPUT_ROLES = frozenset({"user", "system", "developer"})
 _OPAQUE = "thinking"  # the part type carrying an opaque item (see the module docstring)
 _CALL, _ITEM = "call", "item"  # layout entries besides a message's {"parts": n, ...}
-_EXACT = "item-stdlib"  # a carried item's part whose JSON is the stdlib's (see _carry)
-_CARRIED = frozenset({_ITEM, _EXACT})
 
 
 # --- Responses -> chat -----------------------------------------------------------------------
@@ -114,7 +114,7 @@ class _Reader:
             parts = _parts(content, "output_text", i)
             entry: dict[str, Any] = {"parts": -1 if isinstance(content, str) else len(parts)}
             if not _plain(item, content):
-                entry["item"] = {**item, "content": None}
+                entry["item"] = _shell(item, "content")
             run = self._open(i)
             run["content"].extend(parts)
             run[MARK]["layout"].append(entry)
@@ -128,7 +128,7 @@ class _Reader:
             "content": content if isinstance(content, str) else _parts(content, "input_text", i),
         }
         if not _plain(item, content):
-            msg[MARK] = {"item": {**item, "content": None}}
+            msg[MARK] = {"item": _shell(item, "content")}
         self._append(msg, i)
 
     def _call(self, item: dict[str, Any], kind: str, i: int) -> None:
@@ -140,7 +140,7 @@ class _Reader:
             raise InvalidTranscript(f"{kind} needs string 'name' and {payload!r}", i)
         run = self._open(i)
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
-        call[MARK] = {**item, payload: ""}
+        call[MARK] = _shell(item, payload)
         run.setdefault("tool_calls", []).append(call)
         run[MARK]["layout"].append(_CALL)
 
@@ -154,7 +154,7 @@ class _Reader:
             )
         content = output if isinstance(output, str) else _parts(output, "input_text", i)
         msg: Message = {"role": "tool", "tool_call_id": call_id, "content": content}
-        msg[MARK] = {"item": {**item, "output": None}}
+        msg[MARK] = {"item": _shell(item, "output")}
         self._append(msg, i)
 
     def _opaque(self, item: dict[str, Any], i: int) -> None:
@@ -163,7 +163,7 @@ class _Reader:
         last = self.out[-1] if self.out else None
         if output and self.run is None and last is not None:
             if last["role"] == "tool":  # beside function outputs: rides with them
-                last[MARK].setdefault("after", []).append(item)
+                last[MARK].setdefault("after", []).append(_dumps(item))
                 return
             if last is self.answered:  # another output of the turn one output closed
                 _carry(last, item)
@@ -187,15 +187,50 @@ class _Reader:
         self.origins.append(i)
 
 
-def _carry(run: Message, item: dict[str, Any]) -> None:
-    """Put `item` at the end of assistant message `run`, as a part holding its JSON
-    (orjson's, ten times faster; the stdlib's for what orjson cannot hold exactly:
-    integers past 64 bits, which its parser would read back as floats)."""
+def _shell(item: dict[str, Any], key: str) -> str:
+    """`item` less its `key`'s value, as JSON text: a string keeps the item's key order
+    through the store, which keeps messages as canonical (key-sorted) JSON."""
+    return _dumps({**item, key: None})
+
+
+def _unshell(shell: Any) -> dict[str, Any] | None:
+    """The item of a `_shell` (None for what is not one)."""
+    if not isinstance(shell, str):
+        return None
+    item = _loads(shell)
+    return item if isinstance(item, dict) else None
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON text of `value`: orjson's (ten times the stdlib's speed), the stdlib's
+    for integers past 64 bits, which orjson does not write."""
     try:
-        text, mark = orjson.dumps(item).decode(), _ITEM
+        return orjson.dumps(value).decode()
     except (TypeError, orjson.JSONEncodeError):
-        text, mark = json.dumps(item, ensure_ascii=False, separators=(",", ":")), _EXACT
-    run["content"].append({"type": _OPAQUE, _OPAQUE: text, MARK: mark})
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _loads(text: str) -> Any:
+    """The value of `_dumps`'s text: orjson's reading, or the stdlib's where orjson read an
+    integer past 64 bits (as a float)."""
+    value = orjson.loads(text)
+    return value if not _inexact(value) else json.loads(text)
+
+
+def _inexact(value: Any) -> bool:
+    """Whether orjson read a float where a very large integer may have stood."""
+    if isinstance(value, float):
+        return abs(value) >= 2**63
+    if isinstance(value, dict):
+        return any(_inexact(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_inexact(v) for v in value)
+    return False
+
+
+def _carry(run: Message, item: dict[str, Any]) -> None:
+    """Put `item` at the end of assistant message `run`, as a part holding its JSON."""
+    run["content"].append({"type": _OPAQUE, _OPAQUE: _dumps(item), MARK: _ITEM})
     run[MARK]["layout"].append(_ITEM)
 
 
@@ -217,7 +252,7 @@ def _parts(content: str | list[Any], text_type: str, i: int) -> list[dict[str, A
                 raise InvalidTranscript(f"content part {k} needs a string 'text'", i)
             text: dict[str, Any] = {"type": "text", "text": part["text"]}
             if part != {"type": text_type, "text": part["text"]}:
-                text[MARK] = {**part, "text": ""}
+                text[MARK] = _shell(part, "text")
             out.append(text)
         elif part["type"] in ("text", _OPAQUE):  # would be read as prefit's own: not carried
             raise InvalidTranscript(f"content part {k}: unknown type {part['type']!r}", i)
@@ -241,7 +276,7 @@ def to_responses(messages: Sequence[Message]) -> list[dict[str, Any]]:
             out.extend(_run_items(m, marks))
         elif role == "tool":
             out.append(_output_item(m, marks))
-            out.extend(marks.get("after") or [])
+            out.extend(_loads(text) for text in marks.get("after") or [])
         else:
             out.append(_input_message(m, marks))
     return out
@@ -249,16 +284,16 @@ def to_responses(messages: Sequence[Message]) -> list[dict[str, Any]]:
 
 def _input_message(m: Message, marks: dict[str, Any]) -> dict[str, Any]:
     content = _restored(m.get("content"), "input_text")
-    shell = marks.get("item")
-    if isinstance(shell, dict):
+    shell = _unshell(marks.get("item"))
+    if shell is not None:
         return {**shell, "content": content}
     return {"role": m["role"], "content": content}
 
 
 def _output_item(m: Message, marks: dict[str, Any]) -> dict[str, Any]:
     output = _restored(m.get("content"), "input_text")
-    shell = marks.get("item")
-    if isinstance(shell, dict):
+    shell = _unshell(marks.get("item"))
+    if shell is not None:
         return {**shell, "output": output}
     return {"type": "function_call_output", "call_id": m["tool_call_id"], "output": output}
 
@@ -315,8 +350,8 @@ def _laid_out(
 
 
 def _assistant_message(entry: dict[str, Any], content: Any) -> dict[str, Any]:
-    shell = entry.get("item")
-    if isinstance(shell, dict):
+    shell = _unshell(entry.get("item"))
+    if shell is not None:
         return {**shell, "content": content}
     return {"role": "assistant", "content": content}
 
@@ -345,8 +380,8 @@ def _new_assistant(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _call_item(call: dict[str, Any]) -> dict[str, Any]:
     fn = call.get("function") or {}
-    shell = call.get(MARK)
-    if isinstance(shell, dict):
+    shell = _unshell(call.get(MARK))
+    if shell is not None:
         payload = CALLS.get(str(shell.get("type")), "arguments")
         return {**shell, payload: fn.get("arguments", "")}
     return {
@@ -358,12 +393,11 @@ def _call_item(call: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_item(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == _OPAQUE and part.get(MARK) in _CARRIED
+    return isinstance(part, dict) and part.get("type") == _OPAQUE and part.get(MARK) == _ITEM
 
 
 def _item_of(part: dict[str, Any]) -> dict[str, Any]:
-    text = part[_OPAQUE]
-    item: dict[str, Any] = json.loads(text) if part.get(MARK) == _EXACT else orjson.loads(text)
+    item: dict[str, Any] = _loads(part[_OPAQUE])
     return item
 
 
@@ -376,8 +410,8 @@ def _restored(content: Any, text_type: str) -> Any:
     out: list[Any] = []
     for part in content:
         if isinstance(part, dict) and part.get("type") == "text":
-            shell = part.get(MARK)
-            base = shell if isinstance(shell, dict) else {"type": text_type}
+            shell = _unshell(part.get(MARK))
+            base = shell if shell is not None else {"type": text_type}
             out.append({**base, "text": part.get("text", "")})
         else:
             out.append(part)

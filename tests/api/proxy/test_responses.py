@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -9,6 +10,9 @@ import httpx
 import openai
 import pytest
 
+from shared.extractive import ExtractiveSummarizer
+from shared.service.jobs import SummaryJob
+from shared.service.precompute import run_job
 from tests.api.conftest import RESERVE, WINDOW
 from tests.api.proxy.conftest import TASK, Proxy, wait_for
 from tests.fakeprovider import WORDS, prompt_tokens
@@ -377,3 +381,46 @@ def test_prefit_errors_are_openai_errors(proxy: Proxy) -> None:
     with pytest.raises(openai.NotFoundError):
         sdk(proxy).get("/responses", cast_to=httpx.Response)
     assert proxy.fake.received == []
+
+
+def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
+    """The store holds the session as converted; once a worker's summary record exists, the
+    next turn goes as [head][summary][the rest], carried items still byte for byte."""
+    client = sdk(proxy)
+    items = codex_session(60)
+    first = client.responses.with_raw_response.create(
+        model=proxy.model,
+        instructions=INSTRUCTIONS,
+        input=items,  # type: ignore[arg-type]
+    )
+    conv = first.headers["x-prefit-conversation"]
+    stored = wait_for(lambda: proxy.info(conv).get("length"))
+    last = proxy.store.conversations.hashes(proxy.tenant, conv)[-1]
+    job = SummaryJob(proxy.tenant, conv, proxy.model, WINDOW, RESERVE, stored, last)
+    done = run_job(
+        job,
+        store=proxy.store,
+        summarizer=ExtractiveSummarizer(),
+        settings=proxy.settings,
+        owner="test",
+    )
+    assert asyncio.run(done).status == "written"
+    items += [
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "ok"}],
+        },
+        {"role": "user", "content": "continue"},
+    ]
+    second = client.responses.with_raw_response.create(
+        model=proxy.model,
+        instructions=INSTRUCTIONS,
+        input=items,  # type: ignore[arg-type]
+    )
+    assert second.headers["x-prefit-conversation"] == conv
+    assert "x-prefit-summary-upto" in second.headers
+    sent = proxy.fake.received[-1].body["input"]
+    assert sent[2]["role"] == "user" and sent[2] not in items  # the summary
+    assert_fitted_faithfully(sent, items)
+    assert sent[-2:] == items[-2:]

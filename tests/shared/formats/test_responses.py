@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from shared.errors import InvalidTranscript
 from shared.formats.responses import from_responses, read_responses, to_responses
+from shared.hashing import canonical
 from shared.messages import groups, validate
 from shared.strategies.truncate import cut_text
 
@@ -145,6 +146,15 @@ def test_codex_input_round_trips_byte_for_byte() -> None:
         "responses": {"instructions": True},
     }
     assert _bytes(to_responses(messages)) == _bytes(items)
+
+
+def test_messages_read_back_from_the_store_convert_to_the_same_bytes() -> None:
+    """The store keeps messages as canonical (key-sorted) JSON: what it gives back still
+    converts to the items as the client sent them, keys in their order."""
+    items = [*_codex_input(), *OPAQUE[4:5]]
+    items.insert(5, {"type": "local_shell_call_output", "id": "zz", "output": "after"})
+    stored = [json.loads(canonical(m)) for m in from_responses("be careful", items)]
+    assert _bytes(to_responses(stored)) == _bytes(items)
 
 
 @pytest.mark.parametrize("item", OPAQUE, ids=lambda i: str(i.get("type")))
