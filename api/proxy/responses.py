@@ -25,7 +25,7 @@ from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
 from api.proxy.relay import Relay
-from api.proxy.streaming import Opened, Tap, data_of
+from api.proxy.streaming import Opened, Tap, data_of, error_event
 from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
 from shared.messages import Message, ToolSpec
@@ -120,6 +120,13 @@ class ResponsesRelay(Relay):
         if state is not None:
             return self._skip(f"server-side state: {state}")
         return await super()._first_fit()
+
+    def _broken(self) -> bytes:
+        """The `error` event ending a stream the provider broke off: the Responses API's
+        own error event (`type`, `code`, `message`: what Codex reads) that also carries
+        `error` (what the SDK raises from)."""
+        error = self.dialect.error(502, f"{self.dialect.name} upstream broke off the stream")
+        return error_event({**error["error"], "type": "error", "error": error["error"]})
 
     async def _stream_overflow(self, opened: Opened) -> Overflow | None:
         """OpenAI may refuse a streamed request over the window in the stream itself: a

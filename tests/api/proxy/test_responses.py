@@ -4,17 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
 
+from api.app import create_app
 from shared.extractive import ExtractiveSummarizer
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
-from tests.api.conftest import RESERVE, WINDOW
-from tests.api.proxy.conftest import TASK, Proxy, wait_for
+from tests.api.conftest import RESERVE, WINDOW, Recorder, key_of
+from tests.api.proxy.conftest import TASK, Proxy, proxy_settings, wait_for
+from tests.api.server import serve
 from tests.fakeprovider import WORDS, prompt_tokens
 
 INSTRUCTIONS = "You are Codex, a coding agent. Be careful."
@@ -424,3 +432,58 @@ def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
     assert sent[2]["role"] == "user" and sent[2] not in items  # the summary
     assert_fitted_faithfully(sent, items)
     assert sent[-2:] == items[-2:]
+
+
+async def _breaks_off(request: Request) -> Response:
+    """An upstream that opens the stream, starts the output, then drops the connection."""
+
+    async def events() -> AsyncIterator[bytes]:
+        start = {"id": "resp_b", "object": "response", "status": "in_progress", "output": []}
+        yield (
+            b"event: response.created\ndata: "
+            + json.dumps(
+                {"type": "response.created", "response": start, "sequence_number": 0}
+            ).encode()
+            + b"\n\n"
+        )
+        item = {"type": "message", "id": "m", "role": "assistant", "content": []}
+        yield (
+            b"event: response.output_item.added\ndata: "
+            + json.dumps(
+                {"type": "response.output_item.added", "output_index": 0, "item": item}
+            ).encode()
+            + b"\n\n"
+        )
+        await asyncio.sleep(0.05)
+        raise RuntimeError("the provider's connection drops")
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def test_a_stream_the_upstream_breaks_off_ends_with_an_error_event_both_clients_read(
+    redis_url: str, tenant: str
+) -> None:
+    """The events sent arrive, then one `error` event in the Responses API's own shape
+    (`type`, `code`, `message`: what Codex reads) carrying `error` (the SDK raises it)."""
+    upstream = Starlette(routes=[Route("/v1/responses", _breaks_off, methods=["POST"])])
+    model = f"m-{uuid.uuid4().hex[:8]}"
+    with serve(upstream) as upstream_url:
+        settings = proxy_settings(redis_url, model, tenant, upstream_url)
+        with serve(create_app(settings, enqueue=Recorder())) as url:
+            client = openai.OpenAI(base_url=f"{url}/v1", api_key=key_of(tenant), max_retries=0)
+            got: list[str] = []
+            with pytest.raises(openai.APIError) as caught:
+                for event in client.responses.create(model=model, input="hi", stream=True):
+                    got.append(event.type)
+            assert got == ["response.created", "response.output_item.added"]
+            assert "broke off" in caught.value.message
+            raw = httpx.post(
+                f"{url}/v1/responses",
+                json={"model": model, "input": "hi", "stream": True},
+                headers={"Authorization": f"Bearer {key_of(tenant)}"},
+            )
+    last = raw.content.strip().split(b"\n\n")[-1]
+    assert last.startswith(b"event: error\ndata: ")
+    data = json.loads(last.split(b"data: ", 1)[1])
+    assert data["type"] == "error" and "broke off" in data["message"]
+    assert data["error"]["message"] == data["message"]
