@@ -352,6 +352,16 @@ def test_input_tokens_are_counted_on_the_fitted_input(proxy: Proxy) -> None:
     assert_fitted_faithfully(got.body["input"], items)
 
 
+def test_input_tokens_without_a_model_are_counted_unfitted(proxy: Proxy) -> None:
+    """`model` is optional on the count: without one there is no window, so the input is
+    counted as sent, not refused."""
+    raw = sdk(proxy).responses.input_tokens.with_raw_response.count(input="hello there")
+    assert raw.parse().input_tokens > 0
+    assert raw.headers["x-prefit-fit"] == "skipped (unknown model)"
+    [got] = proxy.fake.received
+    assert got.body == {"input": "hello there"}
+
+
 def test_stored_responses_and_compaction_pass_through(proxy: Proxy) -> None:
     """Retrieve, delete, input items, cancel and compact reach the provider unchanged."""
     client = sdk(proxy)
