@@ -7,7 +7,9 @@ tool specs are flat (`{"type": "function", "name", "parameters"}`, custom, local
 ...) and count toward the budget as they are sent. The prompt count is `usage.input_tokens`
 (cached tokens included), in a streamed answer that of `response.completed` (or of
 `response.incomplete` / `response.failed`, which carry it too). Overflows, errors and auth
-are OpenAI's, as on chat.
+are OpenAI's, as on chat; OpenAI may also report an overflow inside a stream it opened
+(`response.failed` right after `response.created`), so the events before the output are
+read ahead to retry it as well.
 
 A request that continues server-side state (`previous_response_id`, `conversation`) holds
 only the new items: prefit cannot see, nor fit, what the provider adds to it, so it goes
