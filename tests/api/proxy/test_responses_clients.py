@@ -40,7 +40,8 @@ def test_an_agents_sdk_runner_with_a_function_tool_runs_through_prefit(
     """A Runner calls its tool and answers, both turns fitted under the window: the long
     history it was given, then the call and its output, kept together."""
     set_tracing_disabled(True)
-    history = codex_session(60)
+    history = codex_session(46)  # just over the window: kept small, the SDK runs in-process
+    assert prompt_tokens("responses", {"input": history}) > WINDOW
     looked_up: list[str] = []
     proxy.fake.script(Reply(call=("lookup_cache", json.dumps({"key": "users:42"}))))
     fixer = agent(proxy, looked_up)
