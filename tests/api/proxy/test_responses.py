@@ -337,6 +337,23 @@ def test_a_short_string_input_goes_byte_for_byte(proxy: Proxy) -> None:
     }
 
 
+def test_max_output_tokens_is_the_replys_room_and_usage_is_observed(proxy: Proxy) -> None:
+    """A request asking for a long reply is fitted to leave room for it; the answer's
+    `usage.input_tokens` feeds calibration; the conversation header names the conversation."""
+    proxy.fake.scale = 1.2
+    raw = sdk(proxy).responses.with_raw_response.create(
+        model=proxy.model,
+        input=codex_session(40),  # type: ignore[arg-type]
+        max_output_tokens=6000,
+        extra_headers={"X-Prefit-Conversation": "codex-session-1"},
+    )
+    assert raw.headers["x-prefit-conversation"] == "codex-session-1"
+    [got] = proxy.fake.received
+    assert got.status == 200 and got.body["max_output_tokens"] == 6000
+    assert prompt_tokens("responses", got.body) <= WINDOW - 6000
+    wait_for(lambda: (proxy.store.ratios.get(proxy.tenant, proxy.model) or 1.0) > 1.1)
+
+
 def test_input_tokens_are_counted_on_the_fitted_input(proxy: Proxy) -> None:
     """`input_tokens.count` answers the provider's count of what prefit would send."""
     items = codex_session(60)
