@@ -1,6 +1,7 @@
 """A fake OpenAI + Anthropic provider over real HTTP, for the proxy's tests and benchmark.
 
-It serves `POST /v1/chat/completions` and `POST /v1/messages` the way the providers do,
+It serves `POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/messages` the way
+the providers do (the stored-response endpoints of the Responses API answer plausibly),
 records every request it receives (path, headers, JSON body), and answers each with, in
 order of precedence: the next scripted `Reply`; a context-length error of its protocol, with
 the provider's figures, when the prompt is over `limit_tokens`; else an answer whose text
@@ -32,6 +33,7 @@ from api.proxy.anthropic import ERROR_TYPES
 from shared.counters import HeuristicCounter
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic
+from shared.formats.responses import from_responses
 
 WORDS = tuple(f"word{i} " for i in range(12))
 _COUNTER = HeuristicCounter()
@@ -47,6 +49,7 @@ class Reply:
     overflow: bool = False
     limit: int = 1000
     body: Mapping[str, Any] | None = None  # the error body to answer as it is
+    call: tuple[str, str] | None = None  # Responses: answer with this function call (name, args)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Received:
     protocol: str
     headers: Mapping[str, str]
     body: dict[str, Any]
-    status: int
+    status: int  # 400 for an overflow reported inside a 200 stream
     path: str = ""
 
 
@@ -66,6 +69,8 @@ def prompt_tokens(protocol: str, body: Mapping[str, Any], scale: float = 1.0) ->
     try:
         if protocol == "anthropic":
             messages = from_anthropic(body.get("system"), messages)
+        elif protocol == "responses":
+            messages = from_responses(body.get("instructions"), body.get("input"))
         counted = _COUNTER.count(messages, body.get("tools") or [])
     except InvalidTranscript:  # a shape prefit does not know: its size, roughly
         counted = len(json.dumps(body)) // 4
@@ -89,6 +94,9 @@ class FakeProvider:
         self.words = tuple(words)
         self.event_delay = event_delay
         self.record = record
+        # a streamed Responses request over the window is refused inside a 200 stream, by a
+        # `response.failed` event (recorded as a 400), as OpenAI may do
+        self.overflow_in_stream = False
         self.cancelled = 0  # streams whose client went away before the end
         self._received: list[Received] = []
         self._script: list[Reply] = []
@@ -96,6 +104,12 @@ class FakeProvider:
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),
+                Route("/v1/responses", self._responses, methods=["POST"]),
+                Route("/v1/responses/input_tokens", self._responses_count, methods=["POST"]),
+                Route("/v1/responses/compact", self._stored, methods=["POST"]),
+                Route("/v1/responses/{rid}", self._stored, methods=["GET", "DELETE"]),
+                Route("/v1/responses/{rid}/input_items", self._stored, methods=["GET"]),
+                Route("/v1/responses/{rid}/cancel", self._stored, methods=["POST"]),
                 Route("/v1/messages", self._anthropic, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self._count, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
@@ -120,16 +134,46 @@ class FakeProvider:
     async def _anthropic(self, request: Request) -> Response:
         return await self._handle("anthropic", request)
 
-    async def _count(self, request: Request) -> Response:
+    async def _responses(self, request: Request) -> Response:
+        return await self._handle("responses", request)
+
+    async def _count(self, request: Request, protocol: str = "anthropic") -> Response:
         """Anthropic's token count: the fake's count of the prompt, or the next scripted error."""
         body = json.loads(await request.body())
         with self._lock:
             reply = self._script.pop(0) if self._script else None
-        self._note("anthropic", request, body, reply.status if reply is not None else 200)
+        self._note(protocol, request, body, reply.status if reply is not None else 200)
         if reply is not None and reply.status >= 300:
-            payload = _error("anthropic", reply, 0)
+            payload = _error(protocol, reply, 0)
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
-        return JSONResponse({"input_tokens": prompt_tokens("anthropic", body, self.scale)})
+        counted = {"input_tokens": prompt_tokens(protocol, body, self.scale)}
+        if protocol == "responses":
+            counted["object"] = "response.input_tokens"  # type: ignore[assignment]
+        return JSONResponse(counted)
+
+    async def _responses_count(self, request: Request) -> Response:
+        """OpenAI's input token count of a Responses request."""
+        return await self._count(request, "responses")
+
+    async def _stored(self, request: Request) -> Response:
+        """The Responses API's stored responses and compaction: recorded, answered plausibly."""
+        raw = await request.body()
+        body = json.loads(raw) if raw else {"query": str(request.url.query)}
+        self._note("responses", request, body, 200)
+        rid = request.path_params.get("rid", "resp_fake")
+        path = request.url.path
+        if path.endswith("/input_items"):
+            item: dict[str, Any] = {"type": "message", "id": "msg_1", "role": "user"}
+            item["content"] = [{"type": "input_text", "text": "hi"}]
+            page = {"object": "list", "data": [item], "has_more": False}
+            return JSONResponse({**page, "first_id": "msg_1", "last_id": "msg_1"})
+        if request.method == "DELETE":
+            return JSONResponse({"id": rid, "object": "response", "deleted": True})
+        if path.endswith("/compact"):
+            out = [{"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque"}]
+            return JSONResponse({"id": "cmp_1", "object": "response.compaction", "output": out})
+        status = "cancelled" if path.endswith("/cancel") else "completed"
+        return JSONResponse(_response(body, rid, [], 0, 0) | {"status": status})
 
     async def _models(self, request: Request) -> Response:
         """The model list (or one model), in the shape of the protocol of the request's headers."""
@@ -175,17 +219,33 @@ class FakeProvider:
             reply = Reply(400, overflow=True, limit=self.limit_tokens)
         status = reply.status if reply is not None else 200
         self._note(protocol, request, body, status)
+        in_stream = protocol == "responses" and body.get("stream") is True
+        if self.overflow_in_stream and in_stream and reply is not None and reply.overflow:
+            failed = _responses_failed(body, _error(protocol, reply, tokens)["error"])
+            return StreamingResponse(self._paced(failed), media_type="text/event-stream")
         if reply is not None and reply.status >= 300:
             payload = (
                 dict(reply.body) if reply.body is not None else _error(protocol, reply, tokens)
             )
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
+        if protocol == "responses":
+            call = reply.call if reply is not None else None
+            return self._responses_answer(body, tokens, call)
         if body.get("stream") is True:
             events = _openai_events if protocol == "openai" else _anthropic_events
             stream = self._paced(events(body, self.words, tokens))
             return StreamingResponse(stream, media_type="text/event-stream")
         answer = _openai_answer if protocol == "openai" else _anthropic_answer
         return JSONResponse(answer(body, "".join(self.words), tokens))
+
+    def _responses_answer(
+        self, body: Mapping[str, Any], tokens: int, call: tuple[str, str] | None
+    ) -> Response:
+        output = _responses_output(body, "".join(self.words), call)
+        if body.get("stream") is True:
+            stream = self._paced(_responses_events(body, output, self.words, tokens))
+            return StreamingResponse(stream, media_type="text/event-stream")
+        return JSONResponse(_response(body, "resp_fake", output, tokens, len(self.words)))
 
     async def _paced(self, events: list[dict[str, Any] | str]) -> AsyncIterator[bytes]:
         done = False
@@ -211,6 +271,124 @@ def _sse(event: dict[str, Any] | str) -> bytes:
     return f"data: {data}\n\n".encode()
 
 
+def _response(
+    body: Mapping[str, Any], rid: str, output: list[dict[str, Any]], tokens: int, out: int
+) -> dict[str, Any]:
+    """A completed Responses `response` object."""
+    usage = {
+        "input_tokens": tokens,
+        "input_tokens_details": {"cached_tokens": tokens // 2},
+        "output_tokens": out,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": tokens + out,
+    }
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": 0,
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "model": body.get("model"),
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools", []),
+        "store": body.get("store", True),
+        "usage": usage,
+    }
+
+
+def _responses_output(
+    body: Mapping[str, Any], text: str, call: tuple[str, str] | None
+) -> list[dict[str, Any]]:
+    """The output items: a reasoning item when the request asks for reasoning (with its
+    encrypted content when included), then a function call or a message."""
+    out: list[dict[str, Any]] = []
+    if body.get("reasoning") is not None:
+        reasoning: dict[str, Any] = {"type": "reasoning", "id": "rs_fake", "summary": []}
+        if "reasoning.encrypted_content" in (body.get("include") or []):
+            reasoning["encrypted_content"] = "gAAAAB" + "fakeEncrypted" * 8
+        out.append(reasoning)
+    if call is not None:
+        name, arguments = call
+        item = {"type": "function_call", "id": "fc_fake", "call_id": f"call_{len(text)}"}
+        out.append({**item, "name": name, "arguments": arguments, "status": "completed"})
+        return out
+    part = {"type": "output_text", "text": text, "annotations": []}
+    message = {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant"}
+    out.append({**message, "content": [part]})
+    return out
+
+
+def _responses_events(
+    body: Mapping[str, Any], output: list[dict[str, Any]], words: Sequence[str], tokens: int
+) -> list[dict[str, Any] | str]:
+    """The event stream of a Responses answer, as OpenAI sends it."""
+    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+    ]
+    for k, item in enumerate(output):
+        events += _item_events(item, k, words)
+    done = _response(body, "resp_fake", output, tokens, len(words))
+    events.append({"type": "response.completed", "response": done})
+    return [{**e, "sequence_number": n} for n, e in enumerate(events)]
+
+
+def _responses_failed(body: Mapping[str, Any], error: dict[str, Any]) -> list[dict[str, Any] | str]:
+    """A stream that fails before any output: created, in progress, failed with `error`."""
+    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    failed = {
+        **start,
+        "status": "failed",
+        "error": {"code": error["code"], "message": error["message"]},
+    }
+    events = [
+        {"type": "response.created", "response": start},
+        {"type": "response.in_progress", "response": start},
+        {"type": "response.failed", "response": failed},
+    ]
+    return [{**e, "sequence_number": n} for n, e in enumerate(events)]
+
+
+def _item_events(item: dict[str, Any], k: int, words: Sequence[str]) -> list[dict[str, Any]]:
+    """The events of one output item: added, its deltas, done."""
+    at = {"output_index": k}
+    if item["type"] == "message":
+        ids = {"item_id": item["id"], **at, "content_index": 0}
+        empty = {"type": "output_text", "text": "", "annotations": []}
+        events: list[dict[str, Any]] = [
+            {"type": "response.output_item.added", **at, "item": {**item, "content": []}},
+            {"type": "response.content_part.added", **ids, "part": empty},
+        ]
+        events += [
+            {"type": "response.output_text.delta", **ids, "delta": w, "logprobs": []} for w in words
+        ]
+        text = "".join(words)
+        events += [
+            {"type": "response.output_text.done", **ids, "text": text, "logprobs": []},
+            {"type": "response.content_part.done", **ids, "part": item["content"][0]},
+        ]
+    elif item["type"] == "function_call":
+        ids = {"item_id": item["id"], **at}
+        added = {**item, "arguments": "", "status": "in_progress"}
+        events = [
+            {"type": "response.output_item.added", **at, "item": added},
+            {"type": "response.function_call_arguments.delta", **ids, "delta": item["arguments"]},
+            {
+                "type": "response.function_call_arguments.done",
+                **ids,
+                "arguments": item["arguments"],
+            },
+        ]
+    else:
+        events = [{"type": "response.output_item.added", **at, "item": item}]
+    return [*events, {"type": "response.output_item.done", **at, "item": item}]
+
+
 def _error(protocol: str, reply: Reply, tokens: int) -> dict[str, Any]:
     kind = ERROR_TYPES.get(reply.status, "api_error")
     if protocol == "anthropic":
@@ -222,7 +400,8 @@ def _error(protocol: str, reply: Reply, tokens: int) -> dict[str, Any]:
             f"This model's maximum context length is {reply.limit} tokens. However, your "
             f"messages resulted in {tokens} tokens. Please reduce the length of the messages."
         )
-        err = {"message": message, "type": kind, "param": "messages"}
+        param = "input" if protocol == "responses" else "messages"
+        err = {"message": message, "type": kind, "param": param}
         return {"error": {**err, "code": "context_length_exceeded"}}
     return {"error": {"message": "scripted failure", "type": kind, "param": None, "code": None}}
 

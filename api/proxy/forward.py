@@ -9,21 +9,23 @@ and it answers with the provider's own status, body and headers.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import httpx
 from fastapi import Response
 
 from api.proxy.anthropic import prompt_of
 from api.proxy.relay import Relay, _json
 
-COUNT_PATH = "/count_tokens"  # after Anthropic's `/v1/messages`
-
 
 class CountRelay(Relay):
     """One `POST /v1/messages/count_tokens`: fitted, forwarded once, its count observed."""
 
+    count_path: ClassVar[str] = "/messages/count_tokens"  # under the upstream's /v1
+
     async def run(self) -> Response:
         fit = await self._first_fit()
-        url = self.svc.transport.upstreams[self.dialect.name].url + COUNT_PATH
+        url = self.svc.transport.upstreams[self.dialect.name].root + self.count_path
         client = self.svc.transport.client(self.dialect.name)
         try:
             upstream = await client.post(

@@ -3,11 +3,13 @@
 Clients pointed at prefit by a base URL (`OPENAI_BASE_URL`) send it every call of their SDK,
 not only chat: frameworks list the models at start-up (`GET /v1/models`, also Anthropic's,
 told apart by the `anthropic-version` header its SDK always sends) and embed through the
-same base URL (`POST /v1/embeddings`). Those have no conversation to fit: they go to the
-provider as they came (the deployment's key in place of prefit's), and its answer comes
-back as it is. Other provider endpoints (the Responses API, legacy completions, ...) are
-answered with a 404 in the provider's error shape saying what prefit serves, so the SDK
-raises `NotFoundError` with a message that explains it.
+same base URL (`POST /v1/embeddings`), and Responses clients read and delete the responses
+the provider stored, cancel background ones and compact (`/v1/responses/{id}`, ...). Those
+have no conversation to fit: they go to the provider as they came (the deployment's key in
+place of prefit's), and its answer comes back as it is. Other provider endpoints (legacy
+completions, stored chat completions, ...) are answered with a 404 in the provider's error
+shape saying what prefit serves, so the SDK raises `NotFoundError` with a message that
+explains it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from shared.logs import get_logger
 
 log = get_logger(__name__)
 
-SERVED = "/v1/chat/completions (OpenAI), /v1/messages (Anthropic), /v1/models, /v1/embeddings"
+SERVED = (
+    "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/models, "
+    "/v1/embeddings"
+)
 
 
 async def forward(request: Request, dialect: Dialect, path: str) -> Response:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from fastapi import BackgroundTasks, Response
@@ -32,9 +32,10 @@ from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.reserve import requested_output, with_reply_room
-from api.proxy.streaming import Tap, error_event, passthrough
+from api.proxy.streaming import Opened, Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
+from shared.messages import Message
 
 log = get_logger(__name__)
 
@@ -57,6 +58,7 @@ def _json(content: bytes) -> Any:
 class Relay:
     """Forwards one request; `run` returns the response for the client."""
 
+    endpoint: ClassVar[str | None] = None  # under the upstream's /v1; None: its own endpoint
     svc: Services
     dialect: Dialect
     caller: Caller
@@ -85,7 +87,7 @@ class Relay:
             started = time.perf_counter()
             try:
                 upstream = await self.svc.transport.send(
-                    self.dialect.name, self._upstream_headers(), body
+                    self.dialect.name, self._upstream_headers(), body, self.endpoint
                 )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
@@ -94,21 +96,35 @@ class Relay:
                 self.rec.upstream_ms = round((self.rec.upstream_ms or 0.0) + waited, 3)
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
-                return self._streamed(upstream, fit)
+                opened = Opened(upstream)
+                overflow = await self._stream_overflow(opened)
+                retried = await self._after(fit, overflow)
+                if retried is None:
+                    return self._streamed(upstream, fit, opened)
+                await upstream.aclose()
+                fit = retried
+                continue
             content = await upstream.aread()
             await upstream.aclose()
             if self._refused_usage(upstream.status_code, content):
                 continue
             answer = _json(content)
-            overflow = self.dialect.overflow(upstream.status_code, answer)
-            if overflow is not None:
-                retried = await (
-                    self._retry(fit, overflow) if fit is not None else self._learn(overflow)
-                )
-                if retried is not None:
-                    fit = retried
-                    continue
+            retried = await self._after(fit, self.dialect.overflow(upstream.status_code, answer))
+            if retried is not None:
+                fit = retried
+                continue
             return self._answered(upstream, content, answer, fit)
+
+    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+        """A context-length error the provider reports inside a stream it opened, read
+        ahead before any event is passed on; None (nothing read) where none comes so."""
+        return None
+
+    async def _after(self, fit: Fit | None, overflow: Overflow | None) -> Fit | None:
+        """The fit to retry with after `overflow`; None when there is none (or no retry)."""
+        if overflow is None:
+            return None
+        return await (self._retry(fit, overflow) if fit is not None else self._learn(overflow))
 
     def _refused_usage(self, status: int, content: bytes) -> bool:
         """Whether the upstream refused the `stream_options` prefit added (older Azure
@@ -148,7 +164,7 @@ class Relay:
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        self.conv_id = self._conversation(messages)
         messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
@@ -167,6 +183,11 @@ class Relay:
             return self._fitted(await self.fitter.last_chance(reply))
         except DoesNotFit:
             return self._skip("does not fit")
+
+    def _conversation(self, messages: list[Message]) -> str:
+        """The request's conversation id. `self.body` is at hand here: the place to read
+        the client's session signals (`prompt_cache_key`) once identity takes them."""
+        return conversation_id(self.headers, self.caller.tenant, messages)
 
     def _skip(self, reason: str) -> Fit | None:
         self.label = f"skipped ({reason})"
@@ -265,13 +286,13 @@ class Relay:
             background=self.background,
         )
 
-    def _streamed(self, upstream: httpx.Response, fit: Fit | None) -> Response:
+    def _streamed(self, upstream: httpx.Response, fit: Fit | None, opened: Opened) -> Response:
         tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
         if fit is not None:
             self.background.add_task(self._observe_stream, fit, tap)
         self._settle()
         return StreamingResponse(
-            passthrough(upstream, tap, self.rec, self._broken()),
+            passthrough(upstream, tap, self.rec, self._broken(), opened),
             status_code=upstream.status_code,
             headers=self._answer_headers(upstream.headers, fit),
             background=self.background,

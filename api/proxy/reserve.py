@@ -19,7 +19,7 @@ from typing import Any
 from api.policies import Window
 
 # OpenAI's current and legacy names; Anthropic's (which includes a thinking budget)
-OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
+OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")  # + Responses
 
 
 def requested_output(body: Mapping[str, Any]) -> int | None:

@@ -1,6 +1,7 @@
 """The proxy's routes: `POST /v1/chat/completions`, `POST /v1/messages` and its
-`/count_tokens` (api/proxy/forward.py); and the provider endpoints passed through unfitted
-or refused (api/proxy/passthrough.py).
+`/count_tokens` (api/proxy/forward.py), `POST /v1/responses` and its `/input_tokens`
+(api/proxy/responses.py); and the provider endpoints passed through unfitted or refused
+(api/proxy/passthrough.py).
 
 The fitted ones take the provider's own request body and answer the provider's own response, so they
 stay out of prefit's OpenAPI schema (docs/api.md, "Drop-in proxy", documents them). Errors
@@ -27,10 +28,12 @@ from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
 from api.proxy.passthrough import forward, not_served
 from api.proxy.relay import Relay
+from api.proxy.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
 OPENAI_DIALECT = OpenAIDialect()
 ANTHROPIC_DIALECT = AnthropicDialect()
+RESPONSES_DIALECT = ResponsesDialect()
 
 router = APIRouter()
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
@@ -64,6 +67,29 @@ async def messages_other(request: Request, rest: str) -> Response:
     return _error(request, ANTHROPIC_DIALECT, NotFound(message))
 
 
+@router.post("/v1/responses", include_in_schema=False)
+async def responses(request: Request) -> Response:
+    """OpenAI Responses, with the instructions and input items fitted to the model's window."""
+    return await proxy(request, RESPONSES_DIALECT, ResponsesRelay)
+
+
+@router.post("/v1/responses/input_tokens", include_in_schema=False)
+async def responses_input_tokens(request: Request) -> Response:
+    """OpenAI's token count of the input as prefit would send it (fitted, then counted)."""
+    return await proxy(request, RESPONSES_DIALECT, ResponsesCountRelay, model_required=False)
+
+
+@router.post("/v1/responses/compact", include_in_schema=False)
+@router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)
+@router.get("/v1/responses/{response_id}/input_items", include_in_schema=False)
+@router.post("/v1/responses/{response_id}/cancel", include_in_schema=False)
+async def responses_stored(request: Request) -> Response:
+    """The provider's stored responses (retrieve, delete, input items, cancel) and its
+    compaction: passed through, there is nothing prefit could fit."""
+    path = request.url.path.removeprefix("/v1")
+    return await _shaped(request, OPENAI_DIALECT, forward(request, OPENAI_DIALECT, path))
+
+
 @router.get("/v1/models", include_in_schema=False)
 async def models(request: Request) -> Response:
     """The provider's model list (Anthropic's when the SDK sends `anthropic-version`)."""
@@ -82,7 +108,10 @@ async def embeddings(request: Request) -> Response:
     return await _shaped(request, OPENAI_DIALECT, forward(request, OPENAI_DIALECT, "/embeddings"))
 
 
-@router.api_route("/v1/responses{rest:path}", methods=_ANY, include_in_schema=False)
+@router.api_route("/v1/responses/{rest:path}", methods=_ANY, include_in_schema=False)
+@router.api_route(
+    "/v1/responses", methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False
+)
 @router.api_route("/v1/completions", methods=_ANY, include_in_schema=False)
 @router.api_route("/v1/chat/completions/{rest:path}", methods=_ANY, include_in_schema=False)
 @router.get("/v1/chat/completions", include_in_schema=False)
@@ -92,21 +121,26 @@ async def not_served_here(request: Request) -> Response:
 
 
 async def proxy(
-    request: Request, dialect: Dialect, relay_type: Callable[..., Relay] = Relay
+    request: Request,
+    dialect: Dialect,
+    relay_type: Callable[..., Relay] = Relay,
+    *,
+    model_required: bool = True,
 ) -> Response:
     """Authenticate, read the body, and relay it (prefit's own errors in `dialect`'s shape)."""
-    return await _shaped(request, dialect, _relayed(request, dialect, relay_type))
+    return await _shaped(request, dialect, _relayed(request, dialect, relay_type, model_required))
 
 
 async def _relayed(
-    request: Request, dialect: Dialect, relay_type: Callable[..., Relay]
+    request: Request, dialect: Dialect, relay_type: Callable[..., Relay], model_required: bool
 ) -> Response:
     svc: Services = request.app.state.services
     rec = request_log(request)
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
-    relay = relay_type(svc, dialect, caller, _object(raw), raw, request.headers, rec)
+    body = _object(raw, model_required)
+    relay = relay_type(svc, dialect, caller, body, raw, request.headers, rec)
     return await relay.run()
 
 
@@ -132,14 +166,16 @@ def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
     return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
-def _object(raw: bytes) -> dict[str, Any]:
-    """The request body: a JSON object naming a model."""
+def _object(raw: bytes, model_required: bool = True) -> dict[str, Any]:
+    """The request body: a JSON object naming a model (when it must, or names one)."""
     try:
         body = loads(raw)
     except ValueError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
-    if not isinstance(body.get("model"), str) or not body["model"]:
+    if (model_required or "model" in body) and (
+        not isinstance(body.get("model"), str) or not body["model"]
+    ):
         raise InvalidRequest("'model' must be a non-empty string")
     return body

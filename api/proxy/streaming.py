@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -79,14 +79,48 @@ def error_event(body: Any) -> bytes:
     return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
 
+class Opened:
+    """A stream whose first events may be read before any is passed on (to see an error the
+    provider reports in the stream before its output), then the rest as it comes."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.chunks = response.aiter_bytes()
+        self.events = Events()
+        self.read: list[bytes] = []  # the events read ahead, not yet passed on
+        self.broke: httpx.TransportError | None = None
+
+    async def until(self, done: Callable[[bytes], bool]) -> bytes | None:
+        """Read ahead to the first event `done` accepts, and return it (None at the end)."""
+        try:
+            async for chunk in self.chunks:
+                events = self.events.feed(chunk)
+                self.read += events
+                found = next((e for e in events if done(e)), None)
+                if found is not None:
+                    return found
+        except httpx.TransportError as exc:  # passed on as a break, after what was read
+            self.broke = exc
+        return None
+
+
 async def passthrough(
-    response: httpx.Response, tap: Tap, rec: RequestLog, broken: bytes = b""
+    response: httpx.Response,
+    tap: Tap,
+    rec: RequestLog,
+    broken: bytes = b"",
+    opened: Opened | None = None,
 ) -> AsyncIterator[bytes]:
-    """The upstream's events, as they arrive, less those `tap` drops; `broken` if the
-    upstream breaks off."""
-    events = Events()
+    """The upstream's events, as they arrive (after those `opened` read ahead), less those
+    `tap` drops; `broken` if the upstream breaks off."""
+    opened = opened if opened is not None else Opened(response)
+    events = opened.events
     try:
-        async for chunk in response.aiter_bytes():
+        kept = [e for e in opened.read if tap.keep(e)]
+        if kept:
+            yield b"".join(kept)
+        if opened.broke is not None:
+            raise opened.broke
+        async for chunk in opened.chunks:
             kept = [e for e in events.feed(chunk) if tap.keep(e)]
             if kept:
                 yield b"".join(kept)

@@ -85,12 +85,15 @@ class Transport:
                 self._clients[(loop, name)] = found
             return found
 
-    async def send(self, name: str, headers: Mapping[str, str], body: bytes) -> httpx.Response:
-        """POST `body` to upstream `name`; the answer's body is left unread (streamed)."""
+    async def send(
+        self, name: str, headers: Mapping[str, str], body: bytes, path: str | None = None
+    ) -> httpx.Response:
+        """POST `body` to upstream `name` (at `path` under its /v1, else its endpoint); the
+        answer's body is left unread (streamed)."""
         client = self.client(name)
-        request = client.build_request(
-            "POST", self.upstreams[name].url, headers=dict(headers), content=body
-        )
+        upstream = self.upstreams[name]
+        url = upstream.root + path if path is not None else upstream.url
+        request = client.build_request("POST", url, headers=dict(headers), content=body)
         return await client.send(request, stream=True)
 
     async def forward(

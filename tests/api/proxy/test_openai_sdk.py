@@ -108,12 +108,10 @@ def test_embeddings_pass_through_unchanged(proxy: Proxy) -> None:
 
 
 def test_an_endpoint_prefit_does_not_serve_is_a_not_found_that_says_so(proxy: Proxy) -> None:
-    """The Responses API and legacy completions: `NotFoundError` naming what prefit serves."""
+    """Legacy and stored chat completions: `NotFoundError` naming what prefit serves."""
     with pytest.raises(openai.NotFoundError) as caught:
-        sdk(proxy).responses.create(model=proxy.model, input="hi")
-    assert "/v1/chat/completions" in caught.value.message
-    with pytest.raises(openai.NotFoundError):
         sdk(proxy).completions.create(model=proxy.model, prompt="hi")
+    assert "/v1/responses" in caught.value.message
     with pytest.raises(openai.NotFoundError):
         sdk(proxy).chat.completions.list()  # stored completions
     with pytest.raises(openai.NotFoundError):

@@ -1,0 +1,149 @@
+"""The OpenAI Responses dialect (`POST /v1/responses`, `POST /v1/responses/input_tokens`).
+
+`instructions` and `input` are converted losslessly to prefit's format
+(shared/formats/responses.py) and the fitted prompt back; every other field (`store`,
+`include`, `reasoning`, `tools`, `prompt_cache_key`, `truncation`, ...) rides along. The
+tool specs are flat (`{"type": "function", "name", "parameters"}`, custom, local_shell,
+...) and count toward the budget as they are sent. The prompt count is `usage.input_tokens`
+(cached tokens included), in a streamed answer that of `response.completed` (or of
+`response.incomplete` / `response.failed`, which carry it too). Overflows, errors and auth
+are OpenAI's, as on chat; OpenAI may also report an overflow inside a stream it opened
+(`response.failed` right after `response.created`), so the events before the output are
+read ahead to retry it as well.
+
+A request that continues server-side state (`previous_response_id`, `conversation`) holds
+only the new items: prefit cannot see, nor fit, what the provider adds to it, so it goes
+upstream unchanged and `x-prefit-fit` says `skipped (server-side state: <field>)`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from api.proxy.fitting import Fit
+from api.proxy.forward import CountRelay
+from api.proxy.openai import OpenAIDialect
+from api.proxy.overflow import Overflow
+from api.proxy.relay import Relay
+from api.proxy.streaming import Opened, Tap, data_of, error_event
+from shared.errors import InvalidTranscript
+from shared.formats.responses import read_responses, to_responses
+from shared.messages import Message, ToolSpec
+
+STATE_FIELDS = ("previous_response_id", "conversation")
+# what a stream sends before the model's output starts (or it fails)
+_PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
+_EVENT = re.compile(rb"^event:[ \t]*(\S+)", re.M)
+# the events whose `response` carries the final usage
+_FINAL = re.compile(rb"response\.(?:completed|incomplete|failed)")
+
+
+def input_tokens(usage: Any) -> int | None:
+    """The prompt's tokens in a Responses `usage` object."""
+    found = usage.get("input_tokens") if isinstance(usage, dict) else None
+    return found if isinstance(found, int) and not isinstance(found, bool) else None
+
+
+class CompletedTap:
+    """Reads the prompt count from the final event's `response.usage`; keeps every event."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens: int | None = None
+
+    def keep(self, event: bytes) -> bool:
+        if self.prompt_tokens is None and _FINAL.search(event) is not None:
+            data = data_of(event)
+            response = data.get("response") if isinstance(data, dict) else None
+            if isinstance(response, dict):
+                self.prompt_tokens = input_tokens(response.get("usage"))
+        return True
+
+
+class ResponsesDialect(OpenAIDialect):
+    """OpenAI Responses: OpenAI's upstream, auth, overflows and errors; its own body."""
+
+    def transcript(
+        self, body: Mapping[str, Any], check: Callable[[Any], list[Message]]
+    ) -> tuple[list[Message], list[ToolSpec]]:
+        if "input" not in body:
+            raise InvalidTranscript("'input' is missing")
+        messages, origins = read_responses(body.get("instructions"), body["input"])
+        try:
+            messages = check(messages)
+        except InvalidTranscript as exc:  # say which input item, not which converted message
+            at = origins[exc.index] if exc.index is not None and exc.index < len(origins) else None
+            raise InvalidTranscript(
+                exc.reason, at if at is not None and at >= 0 else None
+            ) from None
+        tools = body.get("tools")
+        return messages, list(tools) if isinstance(tools, list) else []
+
+    def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
+        items: Any = to_responses(messages)
+        given = body.get("input")
+        if isinstance(given, str) and items == [{"role": "user", "content": given}]:
+            items = given
+        return {**body, "input": items}
+
+    def streamed(self, body: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
+        return None, False  # response.completed always carries the usage
+
+    def tap(self, strip: bool) -> Tap:
+        return CompletedTap()
+
+    def prompt_tokens(self, answer: Any) -> int | None:
+        return input_tokens(answer.get("usage")) if isinstance(answer, dict) else None
+
+
+def event_type(event: bytes) -> str | None:
+    """The type of one server-sent event: its `event:` line's, else its data's `type`."""
+    found = _EVENT.search(event)
+    if found is not None:
+        return found.group(1).decode(errors="replace")
+    data = data_of(event)
+    kind = data.get("type") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def server_state(body: Mapping[str, Any]) -> str | None:
+    """The field by which `body` continues state held by the provider, if any."""
+    return next((f for f in STATE_FIELDS if body.get(f) not in (None, "")), None)
+
+
+class ResponsesRelay(Relay):
+    """One `POST /v1/responses`: fitted unless it continues server-side state."""
+
+    endpoint: ClassVar[str | None] = "/responses"
+
+    async def _first_fit(self) -> Fit | None:
+        state = server_state(self.body)
+        if state is not None:
+            return self._skip(f"server-side state: {state}")
+        return await super()._first_fit()
+
+    def _broken(self) -> bytes:
+        """The `error` event ending a stream the provider broke off: the Responses API's
+        own error event (`type`, `code`, `message`: what Codex reads) that also carries
+        `error` (what the SDK raises from)."""
+        error = self.dialect.error(502, f"{self.dialect.name} upstream broke off the stream")
+        return error_event({**error["error"], "type": "error", "error": error["error"]})
+
+    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+        """OpenAI may refuse a streamed request over the window in the stream itself: a
+        `response.failed` event whose error is `context_length_exceeded`, after
+        `response.created`. The events before the output are read ahead to see it."""
+        first = await opened.until(lambda e: event_type(e) not in _PREAMBLE)
+        if first is None or event_type(first) != "response.failed":
+            return None
+        data = data_of(first)
+        response = data.get("response") if isinstance(data, dict) else None
+        error = response.get("error") if isinstance(response, dict) else None
+        return self.dialect.overflow(400, {"error": error})
+
+
+class ResponsesCountRelay(CountRelay, ResponsesRelay):
+    """One `POST /v1/responses/input_tokens`: fitted as `/v1/responses` is, then counted."""
+
+    count_path: ClassVar[str] = "/responses/input_tokens"
