@@ -148,7 +148,7 @@ class Relay:
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        self.conv_id = conversation_id(self.headers, self.body, self.caller.tenant, messages)
         messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
