@@ -204,6 +204,13 @@ def _recurs(msgs: Sequence[Message], at: int) -> bool:
     return any(m.get("role") == "user" and text_of(m) == text for m in msgs[at + 1 :])
 
 
+def handed_over(msgs: Sequence[Message], i: int) -> bool:
+    """Whether the user message at `i` is context a client handed over: acknowledged by a
+    canned reply and followed by another user message."""
+    after = msgs[i + 1 : i + 3]
+    return len(after) == 2 and acknowledges(after[0]) and after[1].get("role") == "user"
+
+
 def acknowledges(m: Message) -> bool:
     """Whether `m` is a canned acknowledgment (see `ACK_MAX_CHARS`)."""
     text = _reply_text(m)

@@ -54,6 +54,19 @@ UPDATED: list[Message] = [
 ]
 
 
+def edit_turns() -> list[Message]:
+    """Two requests of the person's among aider's acknowledged context: the file listing and
+    its canned reply before the first, "I updated the files." / "Ok." after its answer."""
+    return [
+        {"role": "user", "content": FILES_PREFIX + "a.py"},
+        {"role": "assistant", "content": FILES_REPLY},
+        {"role": "user", "content": "Rename foo to bar in a.py"},
+        {"role": "assistant", "content": "Done, see the edit block."},
+        *UPDATED,
+        {"role": "user", "content": "Now run the tests"},
+    ]
+
+
 def answer(step: int, size: int) -> Message:
     """An edit answer of about `size` characters."""
     body = f"def step_{step}():\n" + "    value = compute(value)  # refine\n" * (size // 36)
