@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from shared.counters import HeuristicCounter
+from shared.extractive import ExtractiveSummarizer
 from shared.head import GAP_MAX_CHARS, head_of
 from shared.messages import Message
 from shared.policy import ContextPolicy
@@ -201,3 +202,22 @@ def test_real_transcripts_behind_a_template_keep_their_task(window: int) -> None
         out = prepare(policy, msgs)
         assert msgs[task] in out.messages, path.name
         check(policy, msgs, out, counter=COUNTER)
+
+
+@pytest.mark.parametrize("window", [6_000, 10_000])
+def test_aider_session_summarized_inline_keeps_its_task_and_first_request(window: int) -> None:
+    """With summaries folded in as the session grows, every prompt still holds the task, and
+    each summary the person's first request after it, verbatim."""
+    policy = ContextPolicy(
+        window, counter=COUNTER, reserve_output=512, summarizer=ExtractiveSummarizer()
+    )
+    summarized = 0
+    for step, msgs in enumerate(aider.prompts(TEMPLATE_TASK, 30)):
+        out = prepare(policy, msgs)
+        assert contains(out.messages, TEMPLATE_TASK), step
+        assert out.messages[-1] == msgs[-1]
+        summary = next((m for m in out.messages if contains([m], "[Summary of messages")), None)
+        if summary is not None:
+            summarized += 1
+            assert aider.request(1, TEMPLATE_TASK) in str(summary["content"]), step
+    assert summarized > 10

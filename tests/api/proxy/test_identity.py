@@ -168,6 +168,29 @@ def test_two_concurrent_aider_sessions_are_two_stored_conversations(proxy: Proxy
     assert len(seen[0]) == len(seen[1]) == 1 and seen[0] != seen[1]
 
 
+def test_long_concurrent_aider_sessions_fit_with_their_tasks_in_every_prompt(
+    proxy: Proxy,
+) -> None:
+    """Two interleaved aider sessions far past the window: no overflow, each forwarded
+    prompt holds its own session's task, two conversations."""
+    tasks = ("Add a --verbose flag to cli.py", "Port utils.py to pathlib")
+    sessions = [aider.prompts(t, 24, answer_chars=3000, file_chars=3000) for t in tasks]
+    assert len(str(sessions[0][-1])) > 4 * 20_000  # well past the window
+    ids: list[set[str]] = [set(), set()]
+    fitted = 0
+    for step in range(24):
+        for k in (0, 1):
+            r = post_chat(proxy, sessions[k][step])
+            assert r.status_code == 200, (step, k)
+            ids[k].add(r.headers["x-prefit-conversation"])
+            fitted += r.headers["x-prefit-fit"] == "applied"
+            sent = str(proxy.fake.received[-1].body["messages"])
+            assert tasks[k] in sent and tasks[1 - k] not in sent, (step, k)
+    assert all(got.status == 200 for got in proxy.fake.received)  # never over the window
+    assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
+    assert fitted > 10
+
+
 def test_anthropic_requests_read_claude_codes_session(proxy: Proxy) -> None:
     """Through the proxy, Claude Code's metadata session names the conversation."""
     system, messages = to_anthropic(HEAD)
