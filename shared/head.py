@@ -23,8 +23,10 @@ replies are fixed, so a session finds the same task at every turn; a session who
 request stops before its task (a lone greeting) finds it once the task arrives. A few-shot
 exchange looks like real turns followed by a client's note ("I updated the files." / "Ok."),
 which is told apart only once the note recurs: until then such a session may see its latest
-request taken for the task (its first user message, kept anyway, is the task then), and a
-head past a few-shot exchange is never final.
+request taken for the task (its first user message, kept anyway, is the task then). The
+head is final once its task has a reply; the recurring note is the one later message that
+can still move it (prepare recounts the head every call; only a stored tally's head end,
+used for size estimates, may then lag until the transcript is replaced).
 
 `Head.end` is where the head's region ends: one past the task (or past the leading messages
 when there is no user message yet). Summaries cover `[end, upto)`, so a summary never folds
@@ -156,9 +158,6 @@ def task_of(msgs: Sequence[Message], first: int) -> tuple[int, bool]:
     """(index of the person's task, whether later messages can no longer move it), given
     the first user message at `first` (see the module docstring)."""
     at = _past_examples(msgs, first)
-    # a few-shot exchange is told from real turns by a closing note that never recurs, which
-    # a later message can still disprove: such a head is never final
-    settled = at == first
     n, skipped = len(msgs), 0
     while at < n and msgs[at].get("role") == "user" and skipped <= TEMPLATE_MAX_EXCHANGES:
         skipped += 1
@@ -169,13 +168,13 @@ def task_of(msgs: Sequence[Message], first: int) -> tuple[int, bool]:
             at += 1
             continue
         if not acknowledges(reply):
-            return at, settled
+            return at, True
         if at + 2 == n:
             return at, False
         if msgs[at + 2].get("role") != "user":
-            return at, settled
+            return at, True
         at += 2  # context the client handed over and had acknowledged
-    return first, settled and at < n  # past a template with no request after it yet
+    return first, at < n  # past a template with no request after it yet: it may still come
 
 
 def _past_examples(msgs: Sequence[Message], first: int) -> int:
