@@ -97,6 +97,7 @@ def create_app(
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(proxy_routes.router)
+    app.include_router(proxy_routes.fallback)  # last: it answers every route nobody serves
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
     app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
     if requires_loopback(chosen):

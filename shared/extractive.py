@@ -3,7 +3,9 @@
 What an agent needs to go on, in four sections (plus `Earlier:` for a previous summary
 that was not written by this summarizer):
 
-- Task/requests: the first sentence(s) of each user request;
+- Task/requests: the person's own messages, verbatim (whitespace squashed to one line, markup
+  tags dropped, each up to `max_request_chars`), not the context a client hands over and has
+  acknowledged ("Ok."); a system message's first sentence(s);
 - Actions: each assistant message's first line and each tool call as `name(args-abridged)`;
 - Files: paths mentioned by the user, the assistant, tool-call arguments and error lines
   (not whole tool outputs: a `find` or `ls -R` lists many files nobody touched);
@@ -13,7 +15,10 @@ Folding: the previous summary's items come first, the new range's after; an item
 again moves to its latest place. Size: at most `max_tokens x 4` characters (4 characters
 per token, the usual English average; the output is an estimate, so the caller's counter
 decides). Over budget, the oldest item of the largest section goes first, and a line
-`- (N earlier items omitted)` says so. Same input, same output.
+`- (N earlier items omitted)` says so. The person's messages are given up last: they lose
+items only beyond `REQUESTS_SHARE` of the budget or once every other section is empty, and
+never the first and the latest (the marker then stands after the first). Same input, same
+output.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from shared.errors import ConfigError
+from shared.head import handed_over
 from shared.llm import Completion
 from shared.messages import HEAD_ROLES, Message, text_of
 
@@ -35,6 +41,8 @@ ORDER = (EARLIER, TASK, ACTIONS, FILES, ERRORS)
 EMPTY = "(nothing notable in this part of the conversation)"
 MAX_PATHS_PER_MESSAGE = 20
 MAX_ERRORS_PER_OUTPUT = 3
+# the share of the budget the person's messages keep before any other section loses an item
+REQUESTS_SHARE = 0.6
 
 _HEADER = re.compile(r"^(" + "|".join(re.escape(s) for s in ORDER) + r"):$")
 _OMITTED = re.compile(r"^- \((\d+) earlier items? omitted\)$")
@@ -68,10 +76,15 @@ class ExtractiveSummarizer:
 
     name = "extractive"
 
-    def __init__(self, max_chars_per_message: int = 240) -> None:
+    def __init__(self, max_chars_per_message: int = 240, max_request_chars: int = 1200) -> None:
         if max_chars_per_message < 40:
             raise ConfigError(f"max_chars_per_message must be >= 40, got {max_chars_per_message}")
+        if max_request_chars < max_chars_per_message:
+            raise ConfigError(
+                f"max_request_chars must be >= max_chars_per_message, got {max_request_chars}"
+            )
         self.max_chars = max_chars_per_message
+        self.max_request_chars = max_request_chars
 
     async def summarize(
         self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
@@ -92,7 +105,7 @@ class ExtractiveSummarizer:
 
     def _items(self, messages: Sequence[Message]) -> Iterator[tuple[str, str]]:
         call_names: dict[str, str] = {}
-        for m in messages:
+        for i, m in enumerate(messages):
             role, text = m.get("role"), text_of(m)
             if role == "tool":
                 name = m.get("name") or call_names.get(str(m.get("tool_call_id")), "tool")
@@ -101,9 +114,11 @@ class ExtractiveSummarizer:
             yield from ((FILES, p) for p in _paths(text))
             if role == "assistant":
                 yield from self._assistant(m, text, call_names)
-            elif text.strip():
-                prefix = f"{role}: " if role in HEAD_ROLES else ""
+            elif role in HEAD_ROLES and text.strip():
+                prefix = f"{role}: "
                 yield TASK, prefix + _first_sentences(text, self.max_chars - len(prefix))
+            elif text.strip() and not handed_over(messages, i):
+                yield TASK, _abridge(_squash(_TAG.sub(" ", text)), self.max_request_chars)
 
     def _assistant(
         self, m: Message, text: str, call_names: dict[str, str]
@@ -165,24 +180,49 @@ class _Notes:
         items[item] = None
 
     def render(self, budget: int) -> str:
-        """The notes in at most `budget` characters: the fullest section loses its oldest first."""
+        """The notes in at most `budget` characters: the fullest section loses its oldest
+        first; the person's messages last, and never their first and latest."""
         kept = {s: list(self.items[s]) for s in ORDER}
         kept[FILES] = _longest_forms(kept[FILES])
-        first = dict.fromkeys(ORDER, 0)  # kept[s][first[s]:] survive
-        chars = {s: sum(len(i) + 3 for i in kept[s]) for s in ORDER}
         omitted = dict(self.omitted)
+        chars = {s: sum(len(i) + 3 for i in kept[s]) for s in ORDER}
         sizes = {s: _section_size(s, chars[s], omitted[s]) for s in ORDER}
+        first = dict.fromkeys(ORDER, 0)  # kept[s][first[s]:] survive (the first request aside)
         while sum(sizes.values()) > budget:
-            live = [s for s in ORDER if first[s] < len(kept[s])]
-            if not live:
+            loser = _loser({s: len(kept[s]) - first[s] for s in ORDER}, sizes, budget)
+            if loser is None:
                 break
-            fullest = max(live, key=lambda s: sizes[s])
-            chars[fullest] -= len(kept[fullest][first[fullest]]) + 3
-            first[fullest] += 1
-            omitted[fullest] += 1
-            sizes[fullest] = _section_size(fullest, chars[fullest], omitted[fullest])
-        blocks = [_render(s, kept[s][first[s] :], omitted[s]) for s in ORDER if sizes[s]]
+            at = first[loser] + (loser == TASK)  # the first request stays
+            chars[loser] -= len(kept[loser][at]) + 3
+            first[loser] += 1
+            omitted[loser] += 1
+            sizes[loser] = _section_size(loser, chars[loser], omitted[loser])
+        survive = {s: kept[s][first[s] :] for s in ORDER}
+        if first[TASK]:
+            survive[TASK] = [kept[TASK][0], *kept[TASK][first[TASK] + 1 :]]
+        for s in ORDER:  # sections left with a marker alone give way to the person's messages
+            if s != TASK and not survive[s] and sum(sizes.values()) > budget and survive[TASK]:
+                sizes[s] = 0
+        if sum(sizes.values()) > budget and survive[TASK]:  # the first and the latest, abridged
+            room = max(8, (budget - sum(sizes.values()) + sizes[TASK] - 60) // len(survive[TASK]))
+            survive[TASK] = [_abridge(i, room) for i in survive[TASK]]
+            chars[TASK] = sum(len(i) + 3 for i in survive[TASK])
+            sizes[TASK] = _section_size(TASK, chars[TASK], omitted[TASK])
+        blocks = [_render(s, survive[s], omitted[s]) for s in ORDER if sizes[s]]
         return ("\n".join(blocks) if blocks else EMPTY)[:budget]
+
+
+def _loser(left: dict[str, int], sizes: dict[str, int], budget: int) -> str | None:
+    """The section whose oldest item goes next (`left`: items each still has): the person's
+    messages when they exceed their share or nothing else is left, else the fullest other
+    section; None: none can lose one."""
+    requests = left[TASK] > 2  # more than the first and the latest
+    if requests and sizes[TASK] > REQUESTS_SHARE * budget:
+        return TASK
+    live = [s for s in ORDER if s != TASK and left[s]]
+    if live:
+        return max(live, key=lambda s: sizes[s])
+    return TASK if requests else None
 
 
 def _longest_forms(paths: list[str]) -> list[str]:
@@ -192,11 +232,10 @@ def _longest_forms(paths: list[str]) -> list[str]:
 
 
 def _render(section: str, items: list[str], omitted: int) -> str:
-    lines = [f"{section}:"]
-    if omitted:
-        lines.append(_marker(omitted))
-    lines.extend(f"- {item}" for item in items)
-    return "\n".join(lines)
+    lines = [f"- {item}" for item in items]
+    if omitted:  # after the first request, which is never omitted; first elsewhere
+        lines.insert(1 if section == TASK and items else 0, _marker(omitted))
+    return "\n".join([f"{section}:", *lines])
 
 
 def _marker(omitted: int) -> str:

@@ -1,38 +1,76 @@
 """The head of a conversation: what every prompt keeps, whatever else is cut.
 
-The head is the leading system/developer messages plus the user's first message (the task),
-wherever that message stands. Customer-service and voice transcripts open with the agent's
-greeting, so the task is often the second message: what stands between the leading messages
-and the task (the *gap*) is kept with them when it is small, as a greeting is. A large gap
-(an agent that worked for a while before the user spoke) is ordinary conversation: it may be
-cleared or dropped like any old turn, while the task itself is still kept.
+The head is the leading system/developer messages, the user's first message and the
+person's task, wherever they stand.
+
+- The first user message is kept as the reference library keeps it. Customer-service and
+  voice transcripts open with the agent's greeting, so it is often the second message: what
+  stands between the leading messages and it (the *gap*) is kept with them when it is small,
+  as a greeting is; a large gap (an agent that worked for a while before the user spoke) is
+  ordinary conversation, which may be cleared or dropped like any old turn.
+- The person's task is the request a person made, not a template the client sends before
+  it. It is the first user message unless that opens a template: a fixed few-shot exchange
+  closed by a bare acknowledgment (aider's example request and answer, then "I switched to a
+  new code base..." / "Ok."), context the client hands over and has acknowledged (a file
+  listing answered "Ok, any changes I propose will be to those files."), or a preamble sent
+  right before another user message (an environment or instructions message). What stands
+  between the first user message and the task (the *template*) is kept when small, like the
+  gap. When the task is the first user message, the head is what it always was.
+
+Whether a reply is a canned acknowledgment is judged from its text alone: short, no tool
+calls, no question, opening with an affirmation ("Ok", "Sure", "Understood"...). A template's
+replies are fixed, so a session finds the same task at every turn; a session whose first
+request stops before its task (a lone greeting) finds it once the task arrives. A few-shot
+exchange looks like real turns followed by a client's note ("I updated the files." / "Ok."),
+which is told apart only once the note recurs: until then such a session may see its latest
+request taken for the task (its first user message, kept anyway, is the task then). The
+head is final once its task has a reply; the recurring note is the one later message that
+can still move it (prepare recounts the head every call; only a stored tally's head end,
+used for size estimates, may then lag until the transcript is replaced).
 
 `Head.end` is where the head's region ends: one past the task (or past the leading messages
 when there is no user message yet). Summaries cover `[end, upto)`, so a summary never folds
-the task in; a prompt served from a summary keeps `[0, end)` whole.
+the task in; a prompt served from a summary keeps `[0, end)` whole, the gap and template
+aside when they may be cut.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from shared.messages import HEAD_ROLES, Message, text_of
 
-# A gap before the task is kept whole when it is at most this big (a greeting, a short
-# introduction): beyond it, keeping it could cost a small window more than the task itself.
-GAP_MAX_MESSAGES = 4
+# A gap before the first user message is kept whole when it is at most this big (a greeting,
+# a short introduction), and so is a template before the task (in characters: it may count
+# more messages): beyond it, keeping it could cost a small window more than the task itself.
 GAP_MAX_CHARS = 2_000
+GAP_MAX_MESSAGES = 4
+
+# A canned acknowledgment: a text-only reply this short, asking nothing, that opens with an
+# affirmation. A bare one (a few words: "Ok.") closes a few-shot exchange. A template is at
+# most this many example exchanges, and at most this many context messages after them.
+ACK_MAX_CHARS = 160
+BARE_ACK_MAX_WORDS = 3
+TEMPLATE_MAX_EXCHANGES = 6
+_AFFIRMATION = re.compile(
+    r"\W*(?:ok|okay|sure|understood|noted|got it|alright|all right|acknowledged)\b", re.I
+)
 
 
 @dataclass(frozen=True)
 class Head:
-    """Where the head is: `lead` leading system/developer messages, the task at `task`."""
+    """Where the head is: `lead` leading system/developer messages, the first user message at
+    `first`, the person's task at `task` (the same unless a template came before it)."""
 
     lead: int
+    first: int | None
     task: int | None
-    gap_kept: bool
+    gap_kept: bool = True
+    template_kept: bool = True
+    final: bool = False  # True once later messages cannot change the head
 
     @property
     def end(self) -> int:
@@ -41,41 +79,51 @@ class Head:
 
     @property
     def gap(self) -> tuple[int, int]:
-        """The half-open range between the leading messages and the task that may be cut
-        (empty when the gap is kept or there is none)."""
-        if self.task is None or self.gap_kept:
+        """The half-open range between the leading messages and the first user message that
+        may be cut (empty when the gap is kept or there is none)."""
+        if self.first is None or self.gap_kept:
             return (self.lead, self.lead)
-        return (self.lead, self.task)
+        return (self.lead, self.first)
+
+    @property
+    def template(self) -> tuple[int, int]:
+        """The half-open range between the first user message and the task that may be cut
+        (empty when the template is kept or there is none)."""
+        if self.first is None or self.task is None or self.template_kept:
+            return (self.end, self.end)
+        return (self.first + 1, self.task)
+
+    @property
+    def cuts(self) -> tuple[tuple[int, int], ...]:
+        """The non-empty ranges of `[0, end)` that may be cut, in order."""
+        return tuple((lo, hi) for lo, hi in (self.gap, self.template) if lo < hi)
 
     @property
     def contiguous(self) -> bool:
         """True when the head is all of `[0, end)`."""
-        lo, hi = self.gap
-        return lo == hi
-
-    @property
-    def final(self) -> bool:
-        """True once the task is known: later messages cannot change the head."""
-        return self.task is not None
+        return not self.cuts
 
     def protects(self, index: int) -> bool:
         """Whether the message at `index` of the transcript belongs to the head."""
-        lo, hi = self.gap
-        return 0 <= index < self.end and not lo <= index < hi
+        return 0 <= index < self.end and not any(lo <= index < hi for lo, hi in self.cuts)
 
     def size(self) -> int:
         """How many messages the head keeps."""
-        lo, hi = self.gap
-        return self.end - (hi - lo)
+        return self.end - sum(hi - lo for lo, hi in self.cuts)
 
     def describe(self) -> dict[str, Any]:
         """The head as a report states it."""
+        late = self.task is not None and self.first is not None and self.task > self.first
         return {
             "end": self.end,
-            "first_user": self.task,
+            "first_user": self.first,
+            "task": self.task,
             "leading": self.lead,
             "messages": self.size(),
-            "gap_kept": self.gap_kept if self.task is not None and self.task > self.lead else None,
+            "gap_kept": self.gap_kept
+            if self.first is not None and self.first > self.lead
+            else None,
+            "template_kept": self.template_kept if late else None,
         }
 
 
@@ -86,20 +134,99 @@ def head_of(msgs: Sequence[Message], *, keep_first_user: bool = True) -> Head:
     while lead < n and msgs[lead].get("role") in HEAD_ROLES:
         lead += 1
     if not keep_first_user:
-        return Head(lead, None, True)
-    task = next((i for i in range(lead, n) if msgs[i].get("role") == "user"), None)
-    if task is None:
-        return Head(lead, None, True)
-    return Head(lead, task, _small(msgs[lead:task]))
+        return Head(lead, None, None)
+    first = next((i for i in range(lead, n) if msgs[i].get("role") == "user"), None)
+    if first is None:
+        return Head(lead, None, None)
+    task, final = task_of(msgs, first)
+    return Head(
+        lead,
+        first,
+        task,
+        gap_kept=_small(msgs[lead:first]),
+        template_kept=_small(msgs[first + 1 : task], 2 * TEMPLATE_MAX_EXCHANGES + 1),
+        final=final,
+    )
 
 
 def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:
-    """End of the head's region: one past the first user message, else the leading ones."""
+    """End of the head's region: one past the person's task, else the leading messages."""
     return head_of(msgs, keep_first_user=keep_first_user).end
 
 
-def _small(gap: Sequence[Message]) -> bool:
-    if len(gap) > GAP_MAX_MESSAGES:
+def task_of(msgs: Sequence[Message], first: int) -> tuple[int, bool]:
+    """(index of the person's task, whether later messages can no longer move it), given
+    the first user message at `first` (see the module docstring)."""
+    at = _past_examples(msgs, first)
+    n, skipped = len(msgs), 0
+    while at < n and msgs[at].get("role") == "user" and skipped <= TEMPLATE_MAX_EXCHANGES:
+        skipped += 1
+        if at + 1 == n:  # the latest message: its reply may still show it was context
+            return at, False
+        reply = msgs[at + 1]
+        if reply.get("role") == "user":  # a preamble sent right before the request
+            at += 1
+            continue
+        if not acknowledges(reply):
+            return at, True
+        if at + 2 == n:
+            return at, False
+        if msgs[at + 2].get("role") != "user":
+            return at, True
+        at += 2  # context the client handed over and had acknowledged
+    return first, at < n  # past a template with no request after it yet: it may still come
+
+
+def _past_examples(msgs: Sequence[Message], first: int) -> int:
+    """Where the messages after a few-shot exchange start: past the bare acknowledgment that
+    closes it, when one does within `TEMPLATE_MAX_EXCHANGES` text exchanges; else `first`.
+
+    The closing note must not recur: a client's running note ("I updated the files." /
+    "Ok." after each applied edit) follows real turns, not examples.
+    """
+    at = first
+    for _ in range(TEMPLATE_MAX_EXCHANGES + 1):
+        if at + 1 >= len(msgs) or msgs[at].get("role") != "user":
+            return first
+        reply = msgs[at + 1]
+        if acknowledges(reply) and len(text_of(reply).split()) <= BARE_ACK_MAX_WORDS:
+            return first if _recurs(msgs, at) else at + 2
+        if _reply_text(reply) is None:
+            return first
+        at += 2
+    return first
+
+
+def _recurs(msgs: Sequence[Message], at: int) -> bool:
+    """Whether the user message at `at` is sent again later in `msgs`."""
+    text = text_of(msgs[at])
+    return any(m.get("role") == "user" and text_of(m) == text for m in msgs[at + 1 :])
+
+
+def handed_over(msgs: Sequence[Message], i: int) -> bool:
+    """Whether the user message at `i` is context a client handed over: acknowledged by a
+    canned reply and followed by another user message."""
+    after = msgs[i + 1 : i + 3]
+    return len(after) == 2 and acknowledges(after[0]) and after[1].get("role") == "user"
+
+
+def acknowledges(m: Message) -> bool:
+    """Whether `m` is a canned acknowledgment (see `ACK_MAX_CHARS`)."""
+    text = _reply_text(m)
+    if text is None or len(text) > ACK_MAX_CHARS or "?" in text:  # a question is no ack
+        return False
+    return bool(_AFFIRMATION.match(text))
+
+
+def _reply_text(m: Message) -> str | None:
+    """The text of an assistant reply that only speaks (no tool or function call)."""
+    if m.get("role") != "assistant" or m.get("tool_calls") or m.get("function_call"):
+        return None
+    return text_of(m).strip()
+
+
+def _small(gap: Sequence[Message], max_messages: int = GAP_MAX_MESSAGES) -> bool:
+    if len(gap) > max_messages:
         return False
     chars = 0
     for m in gap:

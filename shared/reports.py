@@ -1,6 +1,7 @@
 """The report that comes with every prepared prompt: what was cut, why, and what it saved.
 
-Keys: head {end, first_user, leading, messages, gap_kept} (what was kept as the head),
+Keys: head {end, first_user, task, leading, messages, gap_kept, template_kept} (what was kept
+as the head),
 tokens_before, tokens_after, budget, trigger_tokens, target_tokens, pressure,
 applied [{strategy, saved, ...}], summary {upto, prefix_hash, summarizer} | None,
 dropped_groups, dropped_messages, stale (the workers could write a better summary now and it

@@ -3,7 +3,10 @@
 `LLMSummarizer` asks a provider; `FnSummarizer` wraps the reference's `summarize=` hook;
 the offline `ExtractiveSummarizer` lives in `shared.extractive`. All share the prompt below,
 which keeps what an agent needs to go on (task, decisions, files, open items) and folds the
-previous summary in rather than summarizing summaries blindly.
+previous summary in rather than summarizing summaries blindly. The person's own messages are
+what it gives up last: quoted verbatim, the first and the latest always, the others while
+they fit in half the summary; context a client hands over (a file listing answered "Ok.") is
+labelled as such, so it is not taken for the person's words.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Protocol
 
+from shared.head import handed_over
 from shared.llm import Completion, LLMClient, SummarizeFn
 from shared.messages import Message, text_of
 
@@ -23,7 +27,11 @@ INSTRUCTIONS = (
     "commands, identifiers and values that later steps depend on; what was tried and failed; the "
     "current state and open items. Drop pleasantries, repeated output and anything superseded. "
     "Write terse plain text with short headed sections. Fold the previous summary into the new "
-    "one: the result must replace both."
+    "one: the result must replace both. The user's own messages (labelled `user:`, not tool "
+    "results and not `user (context handed over):`) are the last thing to give up: quote them "
+    "verbatim, oldest first, in a section headed `User messages:`, one per line. Always keep the "
+    "first and the latest of them; keep the others while they fit in half the summary, dropping "
+    "the oldest after the first and writing `(N earlier messages omitted)` in their place."
 )
 TOOL_OUTPUT_CHARS = 2000
 MESSAGE_CHARS = 6000
@@ -47,8 +55,8 @@ def _clip(text: str, limit: int) -> str:
     return f"{text[:head]}\n[... {omitted} characters omitted ...]\n{text[-(limit - head) :]}"
 
 
-def _render_message(m: Message) -> str:
-    role = m.get("role", "?")
+def _render_message(m: Message, context: bool = False) -> str:
+    role = "user (context handed over)" if context else m.get("role", "?")
     if role == "tool":
         label = f"tool result ({m['name']})" if m.get("name") else "tool result"
         return f"{label}:\n{_clip(text_of(m), TOOL_OUTPUT_CHARS)}"
@@ -64,8 +72,12 @@ def _render_message(m: Message) -> str:
 
 
 def render(messages: Sequence[Message]) -> str:
-    """A range of messages as plain text for a summarizer, huge outputs clipped."""
-    return "\n\n".join(_render_message(m) for m in messages)
+    """A range of messages as plain text for a summarizer, huge outputs clipped, context a
+    client handed over labelled as such."""
+    return "\n\n".join(
+        _render_message(m, handed_over(messages, i) and m.get("role") == "user")
+        for i, m in enumerate(messages)
+    )
 
 
 def build_prompt(previous: str | None, messages: Sequence[Message], max_tokens: int) -> str:

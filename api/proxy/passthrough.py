@@ -10,12 +10,22 @@ place of prefit's), and its answer comes back as it is. Other provider endpoints
 completions, stored chat completions, ...) are answered with a 404 in the provider's error
 shape saying what prefit serves, so the SDK raises `NotFoundError` with a message that
 explains it.
+
+Any other route (`unknown_route`) is answered the same way, shaped as the caller's API
+shapes its errors: Gemini's (`{"error": {"code", "message", "status"}}`) for its paths
+(`/v1beta/...`, `...:generateContent`) or `x-goog-api-key`, Anthropic's when the
+`anthropic-version` header says so, OpenAI's for OpenAI's endpoints (`/v1/files`,
+`/v1/audio/...`), and prefit's own otherwise.
 """
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import httpx
 from fastapi import Request, Response
+from fastapi.responses import JSONResponse
 
 from api.deps import Services
 from api.logging import request_log
@@ -32,6 +42,18 @@ SERVED = (
     "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/models, "
     "/v1/embeddings"
 )
+OWN_API = "/v1/prepare, /v1/conversations/... (prefit's own API, docs/api.md)"
+
+# Gemini's API: its versions (`/v1beta/...`) and its `model:verb` calls
+_GEMINI_PATH = re.compile(r"^/(?:upload/)?v1(?:alpha|beta)\d*/|:[a-zA-Z]+(?:Contents?|Tokens)$")
+# OpenAI's endpoint families besides the ones prefit serves or passes through
+_OPENAI_FAMILIES = frozenset(
+    {
+        "assistants", "audio", "batches", "chatkit", "containers", "edits", "engines", "evals",
+        "files", "fine-tunes", "fine_tuning", "images", "moderations", "organization",
+        "realtime", "threads", "uploads", "vector_stores", "videos",
+    }
+)  # fmt: skip
 
 
 async def forward(request: Request, dialect: Dialect, path: str) -> Response:
@@ -70,6 +92,31 @@ def not_served(request: Request) -> NotFound:
         f"prefit's proxy does not serve {request.method} {request.url.path}: it serves "
         f"{SERVED}; call other endpoints at the provider itself"
     )
+
+
+def gemini(request: Request) -> bool:
+    """Whether `request` is a call of Gemini's API (by its path or its key header)."""
+    return bool(_GEMINI_PATH.search(request.url.path)) or "x-goog-api-key" in request.headers
+
+
+def unknown_route(request: Request, openai: Dialect, anthropic: Dialect) -> Response:
+    """A 404 for a route nobody serves, in the caller's API's error shape (module docstring)."""
+    path, headers = request.url.path, request.headers
+    message = (
+        f"prefit does not serve {request.method} {path}: its proxy serves {SERVED}, and "
+        f"{OWN_API}; call other endpoints at the provider itself"
+    )
+    body: dict[str, Any]
+    if gemini(request):
+        body = {"error": {"code": 404, "message": message, "status": "NOT_FOUND"}}
+    elif "anthropic-version" in headers:
+        body = anthropic.error(404, message)
+    elif path.startswith("/v1/") and path.split("/")[2] in _OPENAI_FAMILIES:
+        body = openai.error(404, message)
+    else:
+        body = {"error": {"type": "NotFound", "message": message}}
+    request_log(request).error = "NotFound"
+    return JSONResponse(body, status_code=404)
 
 
 def _error(dialect: Dialect, status: int, message: str) -> Response:

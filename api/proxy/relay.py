@@ -35,7 +35,6 @@ from api.proxy.reserve import requested_output, with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
-from shared.messages import Message
 
 log = get_logger(__name__)
 
@@ -164,7 +163,7 @@ class Relay:
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        self.conv_id = self._conversation(messages)
+        self.conv_id = conversation_id(self.headers, self.body, self.caller.tenant, messages)
         messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
@@ -183,11 +182,6 @@ class Relay:
             return self._fitted(await self.fitter.last_chance(reply))
         except DoesNotFit:
             return self._skip("does not fit")
-
-    def _conversation(self, messages: list[Message]) -> str:
-        """The request's conversation id. `self.body` is at hand here: the place to read
-        the client's session signals (`prompt_cache_key`) once identity takes them."""
-        return conversation_id(self.headers, self.caller.tenant, messages)
 
     def _skip(self, reason: str) -> Fit | None:
         self.label = f"skipped ({reason})"

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.routing import Match
 
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
@@ -26,7 +27,7 @@ from api.proxy.codec import loads
 from api.proxy.dialect import Dialect
 from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
-from api.proxy.passthrough import forward, not_served
+from api.proxy.passthrough import forward, gemini, not_served, unknown_route
 from api.proxy.relay import Relay
 from api.proxy.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
 from shared.errors import InvalidRequest, NotFound, PrefitError
@@ -36,6 +37,8 @@ ANTHROPIC_DIALECT = AnthropicDialect()
 RESPONSES_DIALECT = ResponsesDialect()
 
 router = APIRouter()
+# included after every other router: the answer for a route nobody serves
+fallback = APIRouter()
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -118,6 +121,16 @@ async def embeddings(request: Request) -> Response:
 async def not_served_here(request: Request) -> Response:
     """Provider endpoints prefit does not serve: a 404 the SDK reads."""
     return _error(request, OPENAI_DIALECT, not_served(request))
+
+
+@fallback.api_route("/{rest:path}", methods=_ANY, include_in_schema=False)
+async def unknown(request: Request, rest: str) -> Response:
+    """Any other route: a 404 in the caller's API's shape saying what prefit serves (a route
+    that exists for other methods is still a 405, but to a Gemini call, which is none)."""
+    routes = request.app.router.routes
+    if not gemini(request) and any(r.matches(request.scope)[0] == Match.PARTIAL for r in routes):
+        raise HTTPException(405)
+    return unknown_route(request, OPENAI_DIALECT, ANTHROPIC_DIALECT)
 
 
 async def proxy(

@@ -36,13 +36,13 @@ def fates(transcript: list[Message], work: Work) -> list[tuple[int, int, str]]:
     now = {o: m for m, o in zip(work.messages, work.origin, strict=True) if o >= 0}
     upto = work.summary.upto if work.summary else 0
     head = work.head
-    lo, hi = head.gap
-    if head.contiguous:
-        out = [(0, head.end, "head")] if head.end else []
-    else:  # the task's opening may be cut: it gets cells of its own
-        out = [(0, lo, "head")] if lo else []
+    out: list[tuple[int, int, str]] = []
+    at = 0  # the gap and the template may be cut: they get cells of their own
+    for lo, hi in head.cuts:
+        out += [(at, lo, "head")] if lo > at else []
         out += [(a, b, _fate(transcript, now, a, b, upto)) for a, b in groups(transcript[:hi], lo)]
-        out.append((hi, head.end, "head"))
+        at = hi
+    out += [(at, head.end, "head")] if head.end > at else []
     out += [(a, b, _fate(transcript, now, a, b, upto)) for a, b in groups(transcript, head.end)]
     return out
 

@@ -16,6 +16,7 @@ from shared.extractive import EMPTY, ExtractiveSummarizer
 from shared.head import head_end
 from shared.messages import Message
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
+from tests.shared import aider
 
 
 def call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -104,13 +105,51 @@ def test_sections_keep_requests_actions_files_errors() -> None:
     ]
 
 
-def test_long_requests_keep_their_first_sentence() -> None:
-    """Sentences are added only while the request is still short; markup tags are dropped."""
+def test_requests_are_kept_verbatim_on_one_line() -> None:
+    """The person's words stay whole (markup tags dropped), up to `max_request_chars`."""
     first = "Consider the following PR description about the ITRS to observed transformations."
     content = f"<pr_description>\n{first}\nIt is long.\n\nMore details follow.</pr_description>"
     assert section(summarize(None, [{"role": "user", "content": content}]), "Task/requests") == [
-        first
+        f"{first} It is long. More details follow."
     ]
+    long = [{"role": "user", "content": "word " * 400}]
+    [item] = section(summarize(None, long, max_request_chars=300), "Task/requests")
+    assert len(item) == 300 and item.endswith("…")
+
+
+def test_context_a_client_hands_over_is_not_a_request() -> None:
+    """A user message answered "Ok." before the next one (aider's file listings and its
+    "I updated the files.") is not among the requests; system messages keep a sentence."""
+    messages = aider.edit_turns()
+    messages.insert(3, {"role": "system", "content": "Stay terse. Always."})
+    assert section(summarize(None, messages), "Task/requests") == [
+        "Rename foo to bar in a.py",
+        "system: Stay terse. Always.",
+        "Now run the tests",
+    ]
+
+
+def test_the_persons_first_and_latest_messages_outlast_everything() -> None:
+    """Over budget the other sections lose items first; the requests keep their share, and
+    their first and latest always stay, the marker after the first."""
+    noisy = [m for k in range(30) for m in AGENT_RUN[1:]]
+    messages: list[Message] = [
+        {"role": "user", "content": "FIRST: migrate the store to Redis streams."},
+        *noisy,
+        *[{"role": "user", "content": f"Also request {i}, please do it."} for i in range(30)],
+        {"role": "user", "content": "LATEST: stop and write the changelog."},
+    ]
+    for max_tokens in (30, 80, 200):
+        text = summarize(None, messages, max_tokens=max_tokens)
+        items = section(text, "Task/requests")
+        assert items[0].startswith("FIRST:") and items[-1].startswith("LATEST:"), max_tokens
+        assert items[1].endswith("earlier items omitted)") and len(text) <= max_tokens * 4
+        if max_tokens >= 80:  # room for them whole
+            assert items[0] == "FIRST: migrate the store to Redis streams."
+            assert items[-1] == "LATEST: stop and write the changelog."
+    roomy = summarize(None, messages, max_tokens=200)
+    assert len(section(roomy, "Task/requests")) > 10  # their share of the budget
+    assert len(section(roomy, "Actions")) < 30
 
 
 def test_completion_accounting() -> None:
@@ -139,15 +178,16 @@ def test_respects_max_tokens(max_tokens: int) -> None:
 
 
 def test_trimming_drops_oldest_and_says_how_many() -> None:
-    """Over budget, the oldest items go first and a marker counts them."""
+    """Over budget, the oldest items go first (the first request aside): a marker counts them."""
     messages: list[Message] = [
         {"role": "user", "content": f"Request number {i}."} for i in range(50)
     ]
     text = summarize(None, messages, max_tokens=60)
     items = section(text, "Task/requests")
-    assert items[0].startswith("(") and items[0].endswith(" earlier items omitted)")
-    omitted = int(items[0][1:].split()[0])
-    assert items[1:] == [f"Request number {i}." for i in range(omitted, 50)]
+    assert items[0] == "Request number 0."  # the first request is never omitted
+    assert items[1].startswith("(") and items[1].endswith(" earlier items omitted)")
+    omitted = int(items[1][1:].split()[0])
+    assert items[2:] == [f"Request number {i}." for i in range(omitted + 1, 50)]
     assert items[-1] == "Request number 49."
 
 
@@ -181,7 +221,8 @@ def test_omitted_counts_accumulate_across_folds() -> None:
         {"role": "user", "content": f"Request number {i}."} for i in range(40)
     ]
     text = summarize(previous, messages, max_tokens=40)
-    marker = section(text, "Task/requests")[0]
+    first, marker = section(text, "Task/requests")[:2]
+    assert first == "Old request."
     assert int(marker[1:].split()[0]) > 7 + 1
 
 

@@ -1,4 +1,4 @@
-"""The head: the first user message is kept wherever it is, with a small opening before it."""
+"""The head: the first user message and the person's task are kept wherever they are."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from typing import Any
 import pytest
 
 from shared.counters import HeuristicCounter
+from shared.extractive import ExtractiveSummarizer
 from shared.head import GAP_MAX_CHARS, head_of
 from shared.messages import Message
 from shared.policy import ContextPolicy
 from shared.strategies.drop import marker_counts
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
+from tests.shared import aider
 from tests.shared.generated import tool_call
 from tests.shared.invariants import check
 
@@ -75,7 +77,8 @@ def test_greeting_first_conversation_keeps_the_task_when_cut(window: int) -> Non
     assert out.report["dropped_groups"] > 0
     assert out.messages[:2] == [GREETING, TASK]
     assert out.report["head"] == {
-        "end": 2, "first_user": 1, "leading": 0, "messages": 2, "gap_kept": True,
+        "end": 2, "first_user": 1, "task": 1, "leading": 0, "messages": 2, "gap_kept": True,
+        "template_kept": None,
     }  # fmt: skip
     check(policy, msgs, out, counter=COUNTER)
 
@@ -109,3 +112,113 @@ def test_real_greeting_first_transcripts_keep_the_task(path: Any, window: int) -
     out = prepare(policy, msgs)
     assert out.messages[:2] == msgs[:2]
     check(policy, msgs, out, counter=COUNTER)
+
+
+TEMPLATE_TASK = "Add a --verbose flag to cli.py that logs each step"
+
+
+def contains(msgs: list[Message], text: str) -> bool:
+    """Whether a message of `msgs` starts with `text`."""
+    return any(str(m.get("content", "")).startswith(text) for m in msgs)
+
+
+def test_aider_task_is_found_behind_its_few_shot_exchange_at_every_turn() -> None:
+    """aider's few-shot example and file pairs are template: the person's request is the task."""
+    for msgs in aider.prompts(TEMPLATE_TASK, 6):
+        head = head_of(msgs)
+        assert head.task is not None and str(msgs[head.task]["content"]).startswith(TEMPLATE_TASK)
+        assert (head.lead, head.first) == (1, 1)
+        assert head.final == (head.task < len(msgs) - 1)  # the task's reply is in
+        assert head.describe()["task"] == head.task
+
+
+def test_aider_without_examples_keeps_its_task_at_every_turn() -> None:
+    """With the examples in the system prompt, the task is the first user message from the
+    third prompt on; at the second, the task is pinned as the first user message."""
+    for step, msgs in enumerate(aider.prompts(TEMPLATE_TASK, 6, examples=False, reminder="sys")):
+        head = head_of(msgs)
+        at = next(i for i, m in enumerate(msgs) if str(m["content"]).startswith(TEMPLATE_TASK))
+        assert head.protects(at)
+        assert head.task == at or step == 1
+        assert head.first == 1  # the first prompt's first user message is its files
+
+
+def test_first_user_message_stays_pinned_with_the_task() -> None:
+    """The example request (the first user message) and the task are both in the head."""
+    msgs = aider.prompts(TEMPLATE_TASK, 3)[2]
+    head = head_of(msgs)
+    assert head.protects(1) and head.task == 7 and head.protects(7)
+    assert head.template_kept and head.contiguous  # two short examples: kept whole
+    first = aider.prompts(TEMPLATE_TASK, 1, file_chars=3000)[0]
+    assert head_of(first).template == (2, 9)  # with the files the first prompt hands over
+
+
+def test_preamble_and_acknowledged_context_are_not_the_task() -> None:
+    """A user message right before another, or one answered "Ok.", is context, not the task."""
+    env = {"role": "user", "content": "<environment_context>cwd=/repo</environment_context>"}
+    ok = {"role": "assistant", "content": "Understood."}
+    assert head_of([{"role": "system", "content": "s"}, env, TASK]).task == 2
+    assert head_of([env, ok, TASK, GREETING]).task == 2
+    asked = {"role": "assistant", "content": "Sure. Which flight?"}  # a question: no ack
+    assert head_of([TASK, asked, {"role": "user", "content": "HAT123"}]).task == 0
+    tools = [TASK, *call(0, "R0"), {"role": "user", "content": "next"}]
+    assert head_of(tools).task == 0 and head_of(tools).final
+
+
+def test_a_lone_greeting_waits_for_the_task() -> None:
+    """A first request that stops at an acknowledged greeting is not final."""
+    hello = {"role": "user", "content": "hello"}
+    assert head_of([hello]).final is False
+    assert head_of([hello, {"role": "assistant", "content": "Okay!"}]).final is False
+    assert head_of([hello, {"role": "assistant", "content": "Okay!"}, TASK]).task == 2
+
+
+@pytest.mark.parametrize("window", [3_000, 6_000])
+def test_aider_session_keeps_its_task_in_every_prompt(window: int) -> None:
+    """Over a long aider session at small windows every prompt holds the person's task."""
+    policy = ContextPolicy(window, counter=COUNTER, reserve_output=512)
+    cut = 0
+    for msgs in aider.prompts(TEMPLATE_TASK, 40):
+        out = prepare(policy, msgs)
+        assert contains(out.messages, TEMPLATE_TASK)
+        assert out.messages[1] == aider.EXAMPLES[0]  # the first user message, pinned as before
+        check(policy, msgs, out, counter=COUNTER)
+        cut += bool(out.report["changed"])
+    assert cut > 20, "the windows are small enough to cut most prompts"
+
+
+@needs_transcripts
+@pytest.mark.parametrize("window", [8_000])
+def test_real_transcripts_behind_a_template_keep_their_task(window: int) -> None:
+    """Real transcripts with a few-shot exchange put before their task keep that task."""
+    policy = ContextPolicy(window, counter=COUNTER, reserve_output=1024)
+    for path in transcript_files():
+        original = load_transcript(path)["messages"]
+        first = head_of(original).first
+        if first is None:
+            continue
+        msgs = [*original[:first], *aider.EXAMPLES, *original[first:]]
+        task, was = head_of(msgs).task, head_of(original).task
+        assert task is not None and was is not None and msgs[task] is original[was], path.name
+        out = prepare(policy, msgs)
+        assert msgs[task] in out.messages, path.name
+        check(policy, msgs, out, counter=COUNTER)
+
+
+@pytest.mark.parametrize("window", [6_000, 10_000])
+def test_aider_session_summarized_inline_keeps_its_task_and_first_request(window: int) -> None:
+    """With summaries folded in as the session grows, every prompt still holds the task, and
+    each summary the person's first request after it, verbatim."""
+    policy = ContextPolicy(
+        window, counter=COUNTER, reserve_output=512, summarizer=ExtractiveSummarizer()
+    )
+    summarized = 0
+    for step, msgs in enumerate(aider.prompts(TEMPLATE_TASK, 30)):
+        out = prepare(policy, msgs)
+        assert contains(out.messages, TEMPLATE_TASK), step
+        assert out.messages[-1] == msgs[-1]
+        summary = next((m for m in out.messages if contains([m], "[Summary of messages")), None)
+        if summary is not None:
+            summarized += 1
+            assert aider.request(1, TEMPLATE_TASK) in str(summary["content"]), step
+    assert summarized > 10

@@ -10,6 +10,7 @@ import pytest
 import structlog
 
 from shared.errors import LeaseLost
+from shared.head import head_end
 from shared.llm import Completion
 from shared.messages import Message
 from shared.service.precompute import Outcome, run_job
@@ -78,7 +79,8 @@ def test_writes_the_due_record_once(
     second = run_once(store, settings, job)
     assert second.status == "not_due" and second.calls == 0 and len(fake.calls) == 1
     start, end = summarized_range(fake.calls[0], msgs)
-    assert start == 2 and end == record.upto  # the head stays; the first range starts after it
+    # the head stays; the first range starts after it
+    assert start == head_end(msgs) and end == record.upto
 
 
 def test_not_due_under_the_threshold(
@@ -127,7 +129,7 @@ def test_replaced_transcript_is_planned_as_it_is_now(
     record = store.records.best(tenant, "c1")
     assert record is not None and record.upto == out.upto
     assert store.conversations.hashes(tenant, "c1")[record.upto] == record.prefix_hash
-    assert summarized_range(fake.calls[0], now) == (2, record.upto)
+    assert summarized_range(fake.calls[0], now) == (head_end(now), record.upto)
 
 
 def test_deleted_conversation_is_a_stale_job(
@@ -216,7 +218,8 @@ def test_holder_covers_what_became_due_while_it_worked(
     assert out.status == "written" and out.records == 2 and out.calls == 2
     ranges = [summarized_range(c, msgs) for c in fake.calls]
     assert_disjoint(ranges)
-    assert ranges[0][0] == 2 and ranges[1][0] == ranges[0][1]  # the second continues the first
+    # the second continues the first
+    assert ranges[0][0] == head_end(msgs) and ranges[1][0] == ranges[0][1]
     first_text = fake.answer(fake.calls[0].prompt)
     assert f"<previous_summary>\n{first_text}\n</previous_summary>" in fake.calls[1].prompt
     best = store.records.best(tenant, "c1")

@@ -139,9 +139,9 @@ def test_the_derived_id_is_the_heads_and_the_tenants() -> None:
     assert derived_id("a", [*head, assistant("x"), user("y")]) == one
     assert derived_id("b", head) != one
     assert derived_id("a", [{"role": "system", "content": "s"}, user("other")]) != one
-    assert conversation_id({"x-prefit-conversation": "chat-7"}, "a", head) == "chat-7"
+    assert conversation_id({"x-prefit-conversation": "chat-7"}, {}, "a", head) == "chat-7"
     with pytest.raises(InvalidRequest):
-        conversation_id({"x-prefit-conversation": "has space"}, "a", head)
+        conversation_id({"x-prefit-conversation": "has space"}, {}, "a", head)
 
 
 KEYS = KeyRing.parse("acme:prefit-key")

@@ -1,0 +1,208 @@
+"""Conversation identity: the header, then each client's session signal, then the head."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from api.proxy.identity import conversation_id, derived_id, session_signal
+from shared.errors import InvalidRequest
+from shared.formats import from_anthropic, to_anthropic
+from shared.messages import Message
+from tests.api.helpers import assistant, user
+from tests.api.proxy.conftest import Proxy
+from tests.shared import aider
+
+SYSTEM: Message = {"role": "system", "content": "You are a careful agent."}
+HEAD = [SYSTEM, user("Fix the flaky test in tests/test_cache.py")]
+SESSION = "54c1eb09-bc4c-4d2f-98eb-6d2ab2d5e2fe"
+OTHER = "0c6f1b2a-7d4e-4f3a-9b1c-2e5d8a7f6c3b"
+CLAUDE_JSON = json.dumps({"device_id": "d", "account_uuid": "", "session_id": SESSION})
+
+
+def cid(headers: dict[str, str], body: dict[str, Any], msgs: list[Message] = HEAD) -> str:
+    """The id of a request of tenant `a`."""
+    return conversation_id(headers, body, "a", msgs)
+
+
+def test_the_header_names_the_conversation_before_any_signal() -> None:
+    """X-Prefit-Conversation wins over every session signal; a bad one is refused."""
+    headers = {"x-prefit-conversation": "chat-7", "x-session-id": "ses_1"}
+    assert cid(headers, {"prompt_cache_key": SESSION}) == "chat-7"
+    with pytest.raises(InvalidRequest):
+        cid({"x-prefit-conversation": "has space"}, {})
+
+
+@pytest.mark.parametrize(
+    ("headers", "body", "client"),
+    [
+        ({"X-Claude-Code-Session-Id": SESSION}, {}, "claude"),
+        ({}, {"metadata": {"user_id": f"user_ab12_account_{OTHER}_session_{SESSION}"}}, "claude"),
+        ({}, {"metadata": {"user_id": f"user_ab12_account__session_{SESSION}"}}, "claude"),
+        ({}, {"metadata": {"user_id": CLAUDE_JSON}}, "claude"),
+        ({"thread-id": SESSION, "session-id": OTHER}, {}, "codex"),
+        ({"session-id": SESSION}, {}, "codex"),
+        ({"session_id": SESSION, "conversation_id": SESSION}, {}, "codex"),
+        ({}, {"prompt_cache_key": SESSION}, "codex"),
+        ({"x-session-id": "ses_4f2a", "x-session-affinity": "ses_4f2a"}, {}, "opencode"),
+        ({"x-session-affinity": "ses_4f2a"}, {}, "opencode"),
+    ],
+)  # fmt: skip
+def test_each_clients_session_signal_names_the_conversation(
+    headers: dict[str, str], body: dict[str, Any], client: str
+) -> None:
+    """What Claude Code, Codex and opencode send is read as their session."""
+    found = session_signal(headers, body)
+    assert found is not None and found[0] == client
+    got = cid(headers, body)
+    assert got.startswith(f"{client}-") and got != derived_id("a", HEAD)
+    assert len(got) <= 128
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"user": "alice@example.com"},
+        {"safety_identifier": "hashed-alice"},
+        {"metadata": {"user_id": "u-1"}},  # a person, as the anthropic SDK documents it
+        {"metadata": {"user_id": "{not json"}},
+        {"prompt_cache_key": "support-bot-v3"},  # a cache bucket apps share on purpose
+    ],
+)
+def test_people_and_cache_buckets_are_not_sessions(body: dict[str, Any]) -> None:
+    """Per-person ids and non-UUID cache keys leave the id to the head."""
+    assert session_signal({"x-session-id": "  "}, body) is None
+    assert cid({}, body) == derived_id("a", HEAD)
+
+
+def test_tenants_never_share_a_conversation() -> None:
+    """The same session signal or head under two tenants gives two ids."""
+    headers = {"x-claude-code-session-id": SESSION}
+    assert conversation_id(headers, {}, "a", HEAD) != conversation_id(headers, {}, "b", HEAD)
+    assert derived_id("a", HEAD) != derived_id("b", HEAD)
+
+
+def test_one_session_keeps_its_id_and_its_side_transcripts_get_their_own() -> None:
+    """Later turns keep the session's id; a sub-agent (another head) in it gets another."""
+    headers = {"x-claude-code-session-id": SESSION}
+    first = cid(headers, {})
+    assert cid(headers, {}, [*HEAD, assistant("looking"), user("go on")]) == first
+    sub = [{"role": "system", "content": "You are a search sub-agent."}, user("find tests")]
+    assert cid(headers, {}, sub) != first
+    assert cid({"x-claude-code-session-id": OTHER}, {}) != first
+
+
+def claude_code_turn(turn: int) -> list[Message]:
+    """A Claude Code request at `turn`, as prefit reads it: the billing line renewed and the
+    `cache_control` marker moved to the latest user message, the rest resent unchanged."""
+    marker = {"type": "ephemeral"}
+    system: list[dict[str, Any]] = [
+        {
+            "type": "text",
+            "text": f"x-anthropic-billing-header: cc_version=2.1.80.{turn:03x}; cch={turn:05x};",
+        },
+        {"type": "text", "text": "You are Claude Code.", "cache_control": marker},
+    ]
+    first = [
+        {"type": "text", "text": "<system-reminder>CLAUDE.md says: be brief</system-reminder>"},
+        {"type": "text", "text": "Rename the cache module"},
+    ]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": first}]
+    for k in range(turn):
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}]},
+            {"role": "user", "content": [{"type": "text", "text": f"continue {k}"}]},
+        ]
+    last = messages[-1]["content"][-1]
+    last["cache_control"] = marker
+    return from_anthropic(system, messages)
+
+
+def test_moved_cache_markers_and_a_renewed_billing_line_keep_one_id() -> None:
+    """Claude Code moves cache_control and renews its billing line each turn: one id."""
+    ids = {derived_id("a", claude_code_turn(t)) for t in range(4)}
+    assert len(ids) == 1
+    other = claude_code_turn(2)
+    other[1] = {**other[1], "content": [{"type": "text", "text": "Delete the cache module"}]}
+    assert derived_id("a", other) not in ids
+
+
+def test_aider_sessions_on_different_tasks_get_different_ids_each_kept_throughout() -> None:
+    """Same template, different tasks: two ids, each the same at every turn (the reminder
+    aider appends to the latest request aside)."""
+    one = {derived_id("a", p) for p in aider.prompts("Add a --verbose flag to cli.py", 8)}
+    two = {derived_id("a", p) for p in aider.prompts("Port utils.py to pathlib", 8)}
+    assert len(one) == 1 and len(two) == 1 and one != two
+
+
+def test_aider_without_examples_keeps_its_id_but_on_the_second_prompt() -> None:
+    """With the examples in the system prompt, aider's "I updated the files." note reads as a
+    few-shot close until it recurs: the second prompt alone gets another id (head.py)."""
+    ids = [derived_id("a", p) for p in aider.prompts("Port utils.py", 6, examples=False)]
+    assert ids[0] == ids[2] == ids[3] == ids[4] == ids[5]
+
+
+def post_chat(proxy: Proxy, messages: list[Message]) -> httpx.Response:
+    """One chat completion through the proxy."""
+    return httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {proxy.key}"},
+        json={"model": proxy.model, "messages": messages},
+        timeout=30,
+    )
+
+
+def test_two_concurrent_aider_sessions_are_two_stored_conversations(proxy: Proxy) -> None:
+    """Interleaved prompts of two aider sessions land in two conversations, each kept."""
+    first = aider.prompts("Add a --verbose flag to cli.py", 4, answer_chars=200, file_chars=200)
+    second = aider.prompts("Port utils.py to pathlib", 4, answer_chars=200, file_chars=200)
+    seen: dict[int, set[str]] = {0: set(), 1: set()}
+    for a, b in zip(first, second, strict=True):
+        for k, prompt in enumerate((a, b)):
+            r = post_chat(proxy, prompt)
+            assert r.status_code == 200
+            seen[k].add(r.headers["x-prefit-conversation"])
+    assert len(seen[0]) == len(seen[1]) == 1 and seen[0] != seen[1]
+
+
+def test_long_concurrent_aider_sessions_fit_with_their_tasks_in_every_prompt(
+    proxy: Proxy,
+) -> None:
+    """Two interleaved aider sessions far past the window: no overflow, each forwarded
+    prompt holds its own session's task, two conversations."""
+    tasks = ("Add a --verbose flag to cli.py", "Port utils.py to pathlib")
+    sessions = [aider.prompts(t, 24, answer_chars=3000, file_chars=3000) for t in tasks]
+    assert len(str(sessions[0][-1])) > 4 * 20_000  # well past the window
+    ids: list[set[str]] = [set(), set()]
+    fitted = 0
+    for step in range(24):
+        for k in (0, 1):
+            r = post_chat(proxy, sessions[k][step])
+            assert r.status_code == 200, (step, k)
+            ids[k].add(r.headers["x-prefit-conversation"])
+            fitted += r.headers["x-prefit-fit"] == "applied"
+            sent = str(proxy.fake.received[-1].body["messages"])
+            assert tasks[k] in sent and tasks[1 - k] not in sent, (step, k)
+    assert all(got.status == 200 for got in proxy.fake.received)  # never over the window
+    assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
+    assert fitted > 10
+
+
+def test_anthropic_requests_read_claude_codes_session(proxy: Proxy) -> None:
+    """Through the proxy, Claude Code's metadata session names the conversation."""
+    system, messages = to_anthropic(HEAD)
+    body = {
+        "model": proxy.model,
+        "max_tokens": 64,
+        "system": system,
+        "messages": messages,
+        "metadata": {"user_id": CLAUDE_JSON},
+    }
+    r = httpx.post(
+        f"{proxy.url}/v1/messages", headers={"x-api-key": proxy.key}, json=body, timeout=30
+    )
+    assert r.status_code == 200
+    assert r.headers["x-prefit-conversation"].startswith("claude-")

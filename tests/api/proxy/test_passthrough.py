@@ -1,0 +1,66 @@
+"""Routes nobody serves: a 404 in the caller's API's error shape that says what prefit serves."""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.api.proxy.conftest import Proxy
+
+
+def send(proxy: Proxy, method: str, path: str, **headers: str) -> httpx.Response:
+    """`method path` with the tenant's key and a small JSON body."""
+    return httpx.request(
+        method,
+        f"{proxy.url}{path}",
+        headers={"Authorization": f"Bearer {proxy.key}", **headers},
+        json={"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        timeout=10,
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", {}),
+        ("/v1/models/gemini-2.5-pro:generateContent", {}),
+        ("/v2/anything", {"x-goog-api-key": "k"}),
+    ],
+)
+def test_gemini_calls_get_geminis_error_shape(
+    proxy: Proxy, path: str, headers: dict[str, str]
+) -> None:
+    """Gemini CLI's calls get `{"error": {"code": 404, "message", "status": "NOT_FOUND"}}`."""
+    r = send(proxy, "POST", path, **headers)
+    assert r.status_code == 404
+    error = r.json()["error"]
+    assert error["code"] == 404 and error["status"] == "NOT_FOUND"
+    assert "/v1/chat/completions" in error["message"] and "/v1/messages" in error["message"]
+    assert proxy.fake.received == []
+
+
+def test_openai_and_anthropic_endpoints_get_their_sdks_errors(proxy: Proxy) -> None:
+    """The SDKs raise their NotFoundError, whose message names what prefit serves."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=proxy.key, max_retries=0)
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.files.list()
+    assert "/v1/chat/completions" in caught.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.images.generate(prompt="a cat")
+    claude = anthropic.Anthropic(base_url=proxy.url, api_key=proxy.key, max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as found:
+        claude.beta.files.list()  # GET /v1/files, told Anthropic's by its version header
+    assert found.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert "/v1/messages" in str(found.value.message)
+
+
+def test_other_routes_get_prefits_shape_and_methods_stay_405(proxy: Proxy) -> None:
+    """An unknown path is prefit's own NotFound naming the routes; a known path with another
+    method is still 405."""
+    r = send(proxy, "GET", "/v1/nothing-here")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "NotFound"
+    assert "/v1/prepare" in r.json()["error"]["message"]
+    assert send(proxy, "GET", "/v1/prepare").status_code == 405
+    assert send(proxy, "GET", "/healthz").status_code == 200
