@@ -27,7 +27,6 @@ from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
 from shared.reports import new_report
 from shared.service.windows import service_policy
-from shared.strategies.work import SizeMemo, measure
 
 log = get_logger(__name__)
 
@@ -92,7 +91,13 @@ class Fitter:
             return await self._cheap(1.0)
         policy = self.svc.policies.get(self.window, counter)
         limits = policy.limits(self.window.model)
-        tokens = measure(counter, self.messages, self.tools, self.window.model, SizeMemo())
+        tokens = policy.tokens(  # named and frozen as the stored prepare's (api/prepare.py)
+            self.messages,
+            tools=self.tools,
+            model=self.window.model,
+            conversation=(self.tenant, self.conv_id),
+            frozen=True,
+        )
         if tokens <= policy.trigger * limits.budget:
             report = new_report(limits, policy.trigger, tokens, 1.0, policy.head(self.messages))
             report["degraded"] = False

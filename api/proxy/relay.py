@@ -35,6 +35,7 @@ from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
+from shared.messages import Message
 
 log = get_logger(__name__)
 
@@ -144,12 +145,11 @@ class Relay:
 
     async def _fit_to(self, window: Window) -> Fit | None:
         try:
-            messages, tools = self.dialect.transcript(self.body, self.svc.validated.validate)
+            messages, tools = self.dialect.transcript(self.body, self._checked)
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
-        messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
+        assert self.conv_id is not None
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
         if len(messages) > self.svc.settings.max_messages:
@@ -165,6 +165,21 @@ class Relay:
             return self._fitted(await self.fitter.last_chance(self.body))
         except DoesNotFit:
             return self._skip("does not fit")
+
+    def _checked(self, messages: Any) -> list[Message]:
+        """The request's messages (OpenAI format) named and validated. The stored
+        conversation's own objects first replace the equal messages they start with (one
+        comparison by content, `ConversationCache.shared`): those are never changed, nor
+        are the request's own after parsing, so the transcript is validated as frozen and
+        every later step (counting, the stored prepare, the sync) meets objects it has seen
+        and compares by identity, paying only for the new messages."""
+        try:
+            self.conv_id = conversation_id(self.headers, self.caller.tenant, messages)
+        except (AttributeError, TypeError, KeyError):  # not messages: validation says why
+            self.svc.validated.validate(messages)
+            raise
+        messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
+        return self.svc.validated.validate_with(messages, None, frozen=True)[0]
 
     def _skip(self, reason: str) -> Fit | None:
         self.label = f"skipped ({reason})"
