@@ -21,7 +21,7 @@ from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
 from api.proxy.anthropic import AnthropicDialect
 from api.proxy.caller import identify
-from api.proxy.codec import loads
+from api.proxy.codec import ResentBodies
 from api.proxy.dialect import Dialect
 from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
@@ -33,6 +33,7 @@ OPENAI_DIALECT = OpenAIDialect()
 ANTHROPIC_DIALECT = AnthropicDialect()
 
 router = APIRouter()
+BODIES = ResentBodies()  # the process's: bodies resent turn after turn, parsed from what is new
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -106,8 +107,12 @@ async def _relayed(
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
-    relay = relay_type(svc, dialect, caller, _object(raw), raw, request.headers, rec)
-    return await relay.run()
+    body, learn = _object(raw, caller.tenant)
+    relay = relay_type(svc, dialect, caller, body, raw, request.headers, rec)
+    answer = await relay.run()
+    if learn:  # after the answer and its sync: where this body's messages end, for the next
+        relay.background.add_task(BODIES.remember, caller.tenant, raw)
+    return answer
 
 
 async def _passed(request: Request, path: str) -> Response:
@@ -132,14 +137,15 @@ def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
     return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
-def _object(raw: bytes) -> dict[str, Any]:
-    """The request body: a JSON object naming a model."""
+def _object(raw: bytes, tenant: str) -> tuple[dict[str, Any], bool]:
+    """The request body, a JSON object naming a model (parsed from where it differs from
+    the tenant's last like it, `ResentBodies`), and whether to learn its messages."""
     try:
-        body = loads(raw)
+        body, learn = BODIES.loads(tenant, raw)
     except ValueError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest("request body must be a JSON object")
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise InvalidRequest("'model' must be a non-empty string")
-    return body
+    return body, learn
