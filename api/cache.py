@@ -15,13 +15,12 @@ only for an answer marked degraded, when Redis does not answer in time.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from api.proxy.codec import dumps
+from api.proxy.codec import dumps, loads
 from shared.errors import NotFound
 from shared.hashing import canonical
 from shared.messages import Message
@@ -128,7 +127,7 @@ class ConversationCache:
         if not inc.raw and known.length == inc.length:
             loaded = known
         else:
-            loaded = known.extended([json.loads(r) for r in inc.raw], inc.raw, inc.hashes)
+            loaded = known.extended([loads(r) for r in inc.raw], inc.raw, inc.hashes)
             self._put(tenant, conv_id, loaded)
         with self._lock:
             if (tenant, conv_id) in self._entries:

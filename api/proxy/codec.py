@@ -5,12 +5,15 @@ read, and often written again, on every turn: orjson does both several times fas
 the stdlib. It refuses NaN (the stdlib reads it) and reads an integer past 64 bits as a
 float, which would change that field when the body is written again: a request whose
 fields outside the transcript hold such a number is read again by the stdlib. (Inside the
-messages numbers are block indices and the like, far from 64 bits.)
+messages numbers are block indices and the like, far from 64 bits.) A body that resends an
+earlier one's messages (an agent's, every turn) is parsed only from where it differs from
+it (`ResentBodies`).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import json
 import threading
 from collections import OrderedDict
@@ -120,6 +123,16 @@ class ResentBodies:
         known = _scanned(raw)
         if known is not None:
             self._keep((tenant, raw[:KEY_BYTES]), known)
+
+    def adopt(self, tenant: str, raw: bytes, messages: list[Any]) -> None:
+        """Keep `messages`, equal by content to those parsed from `raw` (the stored
+        conversation's own objects, `ConversationCache.shared`), in their place: the next
+        body then hands the store its own objects back, compared by identity."""
+        key = (tenant, raw[:KEY_BYTES])
+        with self._lock:
+            known = self._known.get(key)
+        if known is not None and known.raw is raw and len(known.messages) == len(messages):
+            self._keep(key, dataclasses.replace(known, messages=list(messages)))
 
     def _keep(self, key: tuple[str, bytes], known: _Known) -> None:
         with self._lock:

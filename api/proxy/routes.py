@@ -112,6 +112,8 @@ async def _relayed(
     answer = await relay.run()
     if learn:  # after the answer and its sync: where this body's messages end, for the next
         relay.background.add_task(BODIES.remember, caller.tenant, raw)
+    elif dialect is OPENAI_DIALECT and relay.fitter is not None:  # its messages as they came
+        BODIES.adopt(caller.tenant, raw, relay.fitter.messages)
     return answer
 
 

@@ -117,3 +117,18 @@ def test_the_bodies_kept_are_bounded() -> None:
         learned(bodies, body(session(200, extra=str(k))), tenant=f"t{k}")
     assert bodies.loads("t4", body(session(201, extra="4")))[1] is False
     assert bodies.loads("t0", body(session(201, extra="0")))[1] is True
+
+
+def test_adopted_messages_come_back_as_the_same_objects() -> None:
+    """Messages adopted for a body (the store's equal objects) are what the next body that
+    resends them gets; adopting for a body no longer the one kept changes nothing."""
+    bodies = ResentBodies()
+    learned(bodies, body(session(200)))
+    raw = body(session(201))
+    value, _ = bodies.loads("t", raw)
+    stored = [dict(m) for m in value["messages"]]
+    bodies.adopt("t", body(session(201)), stored)  # equal bytes, another object: ignored
+    bodies.adopt("t", raw, stored)
+    nxt, _ = bodies.loads("t", body(session(202)))
+    assert all(a is b for a, b in zip(nxt["messages"], stored, strict=False))
+    assert nxt == loads(body(session(202)))
