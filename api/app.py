@@ -7,7 +7,8 @@ app itself refuses (403) requests that arrive on any other address, start-up fai
 `PREFIT_HOST` is not loopback, and `requires_loopback(settings)` tells the CLI.
 
 Middleware, outermost first: the request logger (sees every answer), the open-mode guard,
-the request deadline (api/deadline.py), the body-size limit.
+the request deadline (api/deadline.py), the body-size limit, `HEAD` served as `GET`
+(api/head.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, LoopbackOnly, is_loopback
 from api.deadline import RequestDeadline
 from api.deps import Services
 from api.enqueue import Enqueue
+from api.head import HeadAsGet
 from api.limits import BodyLimit
 from api.logging import RequestLogger
 from api.proxy import routes as proxy_routes
@@ -98,6 +100,7 @@ def create_app(
     app.include_router(routes.router)
     app.include_router(proxy_routes.router)
     app.include_router(proxy_routes.fallback)  # last: it answers every route nobody serves
+    app.add_middleware(HeadAsGet)  # innermost: the others see the request's own method
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
     app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
     if requires_loopback(chosen):

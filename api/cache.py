@@ -15,13 +15,13 @@ only for an answer marked degraded, when Redis does not answer in time.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from api.proxy.codec import dumps
+from api.proxy.codec import dumps, loads
+from api.views import tail_start
 from shared.errors import NotFound
 from shared.hashing import canonical
 from shared.messages import Message
@@ -69,15 +69,30 @@ class Loaded:
         return [stored(id(m)) or dumps(m) for m in messages]
 
     def regions(self, policy: ContextPolicy) -> tuple[int, int]:
-        """`policy.regions` of these messages, found once per snapshot (an O(n) pass)."""
+        """`policy.regions` of these messages, found once per snapshot: from the last
+        messages when they hold the recent turns (`api.views.tail_start`), since a snapshot
+        extended by a turn is a new one; by a pass over them all otherwise."""
         key = (policy.keep_first_user, policy.keep_recent)
         found = self._regions.get(key)
         if found is None:
-            found = self._regions[key] = policy.regions(self.messages)
+            found = self._regions[key] = snapshot_regions(policy, self.messages)
         return found
 
 
 EMPTY_LOADED = Loaded([], [], [EMPTY], 0)
+RECENT = 256  # messages looked at for the recent turns before a pass over them all
+
+
+def snapshot_regions(policy: ContextPolicy, messages: list[Message]) -> tuple[int, int]:
+    """`policy.regions(messages)`, from their last `RECENT` messages when those hold the
+    recent turns and no legacy function result (a stored transcript is a valid one)."""
+    head = policy.head(messages).end
+    window = messages[-RECENT:]
+    if all(m.get("role") != "function" for m in window):  # legacy results join their call
+        tail = tail_start(window, len(messages) - len(window), head, policy.keep_recent)
+        if tail is not None:
+            return head, tail
+    return policy.regions(messages)
 
 
 class ConversationCache:
@@ -128,7 +143,7 @@ class ConversationCache:
         if not inc.raw and known.length == inc.length:
             loaded = known
         else:
-            loaded = known.extended([json.loads(r) for r in inc.raw], inc.raw, inc.hashes)
+            loaded = known.extended([loads(r) for r in inc.raw], inc.raw, inc.hashes)
             self._put(tenant, conv_id, loaded)
         with self._lock:
             if (tenant, conv_id) in self._entries:

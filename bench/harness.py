@@ -36,6 +36,10 @@ TRANSCRIPTS = ROOT.parent / "shared" / "transcripts"
 MODEL, WINDOW, RESERVE = "bench-128k", 128_000, 4_096
 TENANT = "local"  # no API keys: the open, loopback-only mode
 COUNTER = HeuristicCounter()
+# Coding agents cap one tool output far below this (Claude Code: 30,000 characters), so a
+# larger message (one transcript ends on a 248k-token output) is left out of the stitched
+# conversations: it would sit in every later turn's protected tail, which no summary covers.
+MAX_MESSAGE_TOKENS = 32_000
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -43,7 +47,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def stitched(tokens: int) -> list[Message]:
-    """A valid transcript of about `tokens` tokens: real turn groups, stitched end to end."""
+    """A valid transcript of about `tokens` tokens: real turn groups, stitched end to end
+    (leaving out those with a message over `MAX_MESSAGE_TOKENS`)."""
     sources = [json.loads(p.read_text())["messages"] for p in sorted(TRANSCRIPTS.glob("*.json"))]
     sources = [s for s in sources if s] or [synthetic_source()]
     head_src = next(s for s in sources if head_end(s) >= 2)
@@ -54,6 +59,8 @@ def stitched(tokens: int) -> list[Message]:
             for a, b in groups(src, head_end(src)):
                 chunk = src[a:b]
                 if chunk[0].get("role") == "tool" or (b - a == 1 and _pending_call(chunk[0])):
+                    continue
+                if any(COUNTER.count_message(m) > MAX_MESSAGE_TOKENS for m in chunk):
                     continue
                 out.extend(chunk)
                 size += sum(COUNTER.count_message(m) for m in chunk)

@@ -209,19 +209,10 @@ class ContextPolicy:
         """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
-        steps = default_steps(self.strategies, self.counter)
-        grower = partial(grow, steps) if steps is not None else None
-        messages, ledger = self._validated.validate_with(
-            transcript, grower, conversation, frozen=frozen
-        )
+        measured = self._measured(transcript, tools, model, pressure, conversation, frozen)
+        messages, short, sizes, before = measured
         limits = self.limits(model)
         counter = self._counter(model)
-        sizes = SizeMemo()
-        short = Shortcut.of(steps, ledger, counter, tools, pressure)
-        if short is not None:
-            before = short.tokens(len(messages))
-        else:
-            before = math.ceil(measure(counter, messages, tools, model, sizes) / pressure)
         head = self.head(messages)
         report = new_report(limits, self.trigger, before, pressure, head)
         if before <= self.trigger * limits.budget:
@@ -269,6 +260,45 @@ class ContextPolicy:
         prepared.tokens_spent += work.tokens_spent
         prepared.cost += work.cost
         return prepared
+
+    def tokens(
+        self,
+        transcript: Sequence[Message],
+        *,
+        tools: Sequence[ToolSpec] = (),
+        model: str | None = None,
+        conversation: Hashable | None = None,
+        frozen: bool = False,
+    ) -> int:
+        """The tokens `prepare` measures `transcript` at, at pressure 1, before cutting
+        anything (it is sent as it is at or under `trigger x budget`): validated and measured
+        as `prepare` does, through the conversation's ledger, so a transcript grown since the
+        last one costs only its new messages, and `prepare` of it then costs nothing more."""
+        return self._measured(transcript, tools, model, 1.0, conversation, frozen)[3]
+
+    def _measured(
+        self,
+        transcript: Sequence[Message],
+        tools: Sequence[ToolSpec],
+        model: str | None,
+        pressure: float,
+        conversation: Hashable | None,
+        frozen: bool,
+    ) -> tuple[list[Message], Shortcut | None, SizeMemo, int]:
+        """The validated messages, the ledger's shortcut (None: measure), the call's size
+        memo, and the tokens before any cut (at `pressure`)."""
+        steps = default_steps(self.strategies, self.counter)
+        grower = partial(grow, steps) if steps is not None else None
+        messages, ledger = self._validated.validate_with(
+            transcript, grower, conversation, frozen=frozen
+        )
+        counter = self._counter(model)
+        sizes = SizeMemo()
+        short = Shortcut.of(steps, ledger, counter, tools, pressure)
+        if short is not None:
+            return messages, short, sizes, short.tokens(len(messages))
+        before = math.ceil(measure(counter, messages, tools, model, sizes) / pressure)
+        return messages, short, sizes, before
 
     async def cut(
         self,

@@ -93,7 +93,8 @@ class Settings(BaseSettings):
     api_keys: str = ""  # "tenant:key,tenant2:key2"
     host: str = "127.0.0.1"
     port: int = 8000
-    max_body_bytes: int = 32 * 1024 * 1024
+    # well above a 2,000-turn coding-agent session resent whole (~75 MB; docs/api.md)
+    max_body_bytes: int = 128 * 1024 * 1024
     max_messages: int = 20_000
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0

@@ -5,12 +5,19 @@ read, and often written again, on every turn: orjson does both several times fas
 the stdlib. It refuses NaN (the stdlib reads it) and reads an integer past 64 bits as a
 float, which would change that field when the body is written again: a request whose
 fields outside the transcript hold such a number is read again by the stdlib. (Inside the
-messages numbers are block indices and the like, far from 64 bits.)
+messages numbers are block indices and the like, far from 64 bits.) A body that resends an
+earlier one's messages (an agent's, every turn) is parsed only from where it differs from
+it (`ResentBodies`).
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -55,3 +62,176 @@ def _has_big(value: Any) -> bool:
         elif isinstance(item, list):
             stack.extend(item)
     return False
+
+
+# --- bodies resent with what an earlier one held -------------------------------------------
+
+KEY_BYTES = 512  # of a body's beginning (model, opening messages): which earlier one it may resend
+MIN_BODY = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth keeping
+_STEP = 1 << 16
+_DECODER = json.JSONDecoder()
+_WHITESPACE = frozenset(" \t\n\r")
+
+
+@dataclass(frozen=True)
+class _Known:
+    """A body parsed before: its bytes, its top-level fields before `messages`, its messages,
+    and where each message ends in the bytes."""
+
+    raw: bytes
+    before: dict[str, Any]
+    messages: list[Any]
+    ends: list[int]
+
+
+class ResentBodies:
+    """Parses a request body that resends an earlier one's messages from where it differs.
+
+    Agents resend the whole conversation every turn (2 MB at 512k tokens), as the same bytes
+    up to its last turn or two. The bodies parsed last are kept per tenant and opening, with
+    where each message ends in their bytes; a new body is compared with them byte for byte
+    (memcmp, stops at the first difference), and only what follows the last whole message
+    they share is parsed: the earlier messages are the earlier body's own objects, equal by
+    the bytes they were parsed from. A body that is not JSON, or differs before its first
+    message, is parsed whole (`loads`); its message ends are found after the answer
+    (`remember`, on the threadpool), so the next turn is parsed from its new messages.
+    """
+
+    def __init__(self, max_bodies: int = 256, max_bytes: int = 128 * 1024 * 1024) -> None:
+        self.max_bodies = max_bodies
+        self.max_bytes = max_bytes
+        self._known: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def loads(self, tenant: str, raw: bytes) -> tuple[Any, bool]:
+        """The JSON value of `raw` (as `loads`), and whether `remember` should learn it."""
+        if len(raw) < MIN_BODY:
+            return loads(raw), False
+        key = (tenant, raw[:KEY_BYTES])
+        with self._lock:
+            known = self._known.get(key)
+        if known is not None:
+            value = _resent(known, raw)
+            if value is not None:
+                self._keep(key, value[1])
+                return value[0], False
+        return loads(raw), True
+
+    def remember(self, tenant: str, raw: bytes) -> None:
+        """Learn where `raw`'s messages end, for the bodies that will resend them (sync)."""
+        known = _scanned(raw)
+        if known is not None:
+            self._keep((tenant, raw[:KEY_BYTES]), known)
+
+    def adopt(self, tenant: str, raw: bytes, messages: list[Any]) -> None:
+        """Keep `messages`, equal by content to those parsed from `raw` (the stored
+        conversation's own objects, `ConversationCache.shared`), in their place: the next
+        body then hands the store its own objects back, compared by identity."""
+        key = (tenant, raw[:KEY_BYTES])
+        with self._lock:
+            known = self._known.get(key)
+        if known is not None and known.raw is raw and len(known.messages) == len(messages):
+            self._keep(key, dataclasses.replace(known, messages=list(messages)))
+
+    def _keep(self, key: tuple[str, bytes], known: _Known) -> None:
+        with self._lock:
+            old = self._known.pop(key, None)
+            self._bytes -= len(old.raw) if old is not None else 0
+            self._known[key] = known
+            self._bytes += len(known.raw)
+            while len(self._known) > self.max_bodies or self._bytes > self.max_bytes:
+                self._bytes -= len(self._known.popitem(last=False)[1].raw)
+
+
+def _common(a: bytes, b: bytes) -> int:
+    """The length of the bytes `a` and `b` begin with alike (memcmp by 64 kB, then halving)."""
+    n, lo = min(len(a), len(b)), 0
+    while lo + _STEP <= n and a[lo : lo + _STEP] == b[lo : lo + _STEP]:
+        lo += _STEP
+    hi = min(n, lo + _STEP)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def _resent(known: _Known, raw: bytes) -> tuple[dict[str, Any], _Known] | None:
+    """`raw`'s value when it begins with whole messages of `known` (None: parse it whole)."""
+    k = bisect.bisect_right(known.ends, _common(known.raw, raw))
+    if k == 0:
+        return None
+    start = known.ends[k - 1]  # past a message inside the top-level `messages`, as in `raw`
+    try:
+        tail = _scanned_from(raw[start:].decode(), 0, start)
+    except (ValueError, IndexError, RecursionError):  # not JSON: `loads` says precisely why
+        return None
+    if tail is None:
+        return None
+    messages, ends, after = tail
+    value = {**known.before, "messages": [*known.messages[:k], *messages], **after}
+    return value, _Known(raw, known.before, value["messages"], [*known.ends[:k], *ends])
+
+
+def _scanned(raw: bytes) -> _Known | None:
+    """`raw` parsed message by message, with where each ends; None unless it is a JSON object
+    whose `messages` is a non-empty list of objects."""
+    try:
+        text = raw.decode()
+        at = text.index('"messages"')
+        bracket = _skip(text, text.index(":", at) + 1)
+        if text[bracket] != "[":
+            return None
+        before = _DECODER.decode(text[:at].rstrip().rstrip(",") + "}")
+        found = _scanned_from(text, bracket + 1, 0, first=True)
+    except (ValueError, IndexError, RecursionError):
+        return None
+    if found is None or not found[0] or not isinstance(before, dict):
+        return None
+    messages, ends, after = found
+    value = {**before, "messages": messages, **after}
+    if value != loads(raw):  # `"messages"` first seen inside a string, say: not the key
+        return None
+    return _Known(raw, before, messages, ends)
+
+
+def _scanned_from(
+    text: str, at: int, base: int, *, first: bool = False
+) -> tuple[list[Any], list[int], dict[str, Any]] | None:
+    """The messages from `at` in `text` (the body's text from its byte `base`): just past a
+    message, or past the list's `[` when `first`; with the byte offset past each, and the
+    top-level fields after the list."""
+    ascii = text.isascii()
+    messages: list[Any] = []
+    ends: list[int] = []
+    i, chars, size = at, at, base + (at if ascii else len(text[:at].encode()))
+    while True:
+        i = _skip(text, i)
+        if text[i] == "]":
+            break
+        if messages or not first:
+            if text[i] != ",":
+                raise ValueError("expected ',' between messages")
+            i = _skip(text, i + 1)
+        value, i = _DECODER.raw_decode(text, i)
+        if not isinstance(value, dict):
+            return None
+        size += i - chars if ascii else len(text[chars:i].encode())
+        chars = i
+        messages.append(value)
+        ends.append(size)
+    rest = text[_skip(text, i + 1) :]
+    if rest[:1] not in (",", "}"):
+        raise ValueError("expected ',' or '}' after the messages")
+    after = _DECODER.decode("{" + rest[1:] if rest[0] == "," else "{" + rest)
+    return messages, ends, after
+
+
+def _skip(text: str, i: int) -> int:
+    """The first offset from `i` that is not JSON whitespace."""
+    while text[i] in _WHITESPACE:
+        i += 1
+    return i

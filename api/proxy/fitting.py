@@ -11,7 +11,8 @@ cheap strategies and the last calibration ratio seen (`degraded`). After the ans
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.deps import Services
@@ -19,24 +20,26 @@ from api.enqueue import Claim
 from api.logging import RequestLog
 from api.policies import Window, make_policy
 from api.prepare import Preparer
+from api.proxy.reserve import LoweredReply, lowered_reply, requested_output, usable
 from api.proxy.transcripts import Opened, open_conversation, sync
 from shared.errors import DoesNotFit, PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
 from shared.reports import new_report
 from shared.service.windows import service_policy
-from shared.strategies.work import SizeMemo, measure
 
 log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class Fit:
-    """The messages to send, prepare's report on them, and the calibration ratio it used."""
+    """The messages to send, prepare's report on them, the calibration ratio it used, and
+    the reply the request may use when it had to be lowered for them."""
 
     messages: list[Message]
     report: dict[str, Any]
     ratio: float = 1.0
+    reply: LoweredReply | None = None  # the reply it leaves room for, when lowered
 
     @property
     def estimated(self) -> int:
@@ -44,6 +47,18 @@ class Fit:
         provider's count), from the report: within a token or two of counting it again."""
         after, pressure = float(self.report["tokens_after"]), float(self.report["pressure"])
         return round(after * pressure / self.ratio)
+
+
+def with_reply(fit: Fit, window: Window, body: Mapping[str, Any]) -> Fit:
+    """`fit` with the reply `body` asks for lowered to what the fitted prompt leaves of
+    `window` when prompt + reply would exceed it (the provider would refuse it), if the
+    rule allows (api/proxy/reserve.py); as it is otherwise."""
+    asked = requested_output(body)
+    prompt = int(fit.report["tokens_after"])
+    if asked is None or prompt + asked <= window.max_input_tokens:
+        return fit
+    lowered = lowered_reply(body, usable(window) - prompt)
+    return fit if lowered is None else replace(fit, reply=lowered)
 
 
 @dataclass
@@ -76,7 +91,13 @@ class Fitter:
             return await self._cheap(1.0)
         policy = self.svc.policies.get(self.window, counter)
         limits = policy.limits(self.window.model)
-        tokens = measure(counter, self.messages, self.tools, self.window.model, SizeMemo())
+        tokens = policy.tokens(  # named and frozen as the stored prepare's (api/prepare.py)
+            self.messages,
+            tools=self.tools,
+            model=self.window.model,
+            conversation=(self.tenant, self.conv_id),
+            frozen=True,
+        )
         if tokens <= policy.trigger * limits.budget:
             report = new_report(limits, policy.trigger, tokens, 1.0, policy.head(self.messages))
             report["degraded"] = False
@@ -118,29 +139,48 @@ class Fitter:
                 return Fit(fitted.prepared.messages, fitted.report, ratio)
         return await self._cheap(pressure)
 
-    async def last_chance(self, reply: int) -> Fit:
+    async def last_chance(self, body: Mapping[str, Any]) -> Fit:
         """The fit when the head and recent turns exceed the budget: the cheap strategies to
-        the whole input window less only the `reply` the request itself asks for (providers
-        refuse prompt + max_tokens over the window; 0 when it asks for none), keeping only
-        the last turn if need be, rather than forwarding a prompt over the window.
+        the whole input window less only the reply `body` asks for (providers refuse
+        prompt + max_tokens over the window; none when it asks for none), keeping only the
+        last turn if need be, rather than forwarding a prompt over the window. When even
+        that leaves less room than the reply asked for, the same with the reply lowered to
+        what the window leaves (api/proxy/reserve.py; the fit's `reply` says so).
         `DoesNotFit` when even that fails."""
-        counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
+        asked = requested_output(body)
+        whole = self.window.max_input_tokens
+        reply = min(asked, whole - 1) if asked is not None else 0
         error: DoesNotFit | None = None
-        for keep in (self.svc.settings.keep_recent, 1):
-            settings = self.svc.settings.model_copy(update={"keep_recent": keep})
-            policy = service_policy(settings, self.window.max_input_tokens, reply, counter)
+        deepest: dict[int, int] = {}  # keep -> the least prompt the strategies reach
+        for keep in self._keeps():
             try:
-                prepared = await policy.prepare(
-                    self.messages, tools=self.tools, model=self.window.model
-                )
+                return await self._to_window(keep, whole, reply)
             except DoesNotFit as exc:
-                error = exc
+                error, deepest[keep] = exc, exc.tokens
+        for keep in self._keeps():
+            lowered = lowered_reply(body, usable(self.window) - deepest[keep])
+            if lowered is None:
                 continue
-            report = dict(prepared.report or {})
-            report["degraded"] = self.degraded
-            return Fit(prepared.messages, report, counter.ratio)
+            try:  # the reply is lowered to what this fit leaves (`with_reply`)
+                return await self._to_window(keep, usable(self.window), lowered.sent)
+            except DoesNotFit:
+                continue
         assert error is not None
         raise error
+
+    def _keeps(self) -> tuple[int, ...]:
+        """The recent turns kept, then only the last one."""
+        return (self.svc.settings.keep_recent, 1)
+
+    async def _to_window(self, keep: int, window: int, reply: int) -> Fit:
+        """The cheap strategies' fit to `window` less `reply`, keeping `keep` recent turns."""
+        counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
+        settings = self.svc.settings.model_copy(update={"keep_recent": keep})
+        policy = service_policy(settings, window, reply, counter)
+        prepared = await policy.prepare(self.messages, tools=self.tools, model=self.window.model)
+        report = dict(prepared.report or {})
+        report["degraded"] = self.degraded
+        return Fit(prepared.messages, report, counter.ratio)
 
     def settle(self) -> None:
         """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""

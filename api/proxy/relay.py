@@ -27,14 +27,15 @@ from api.prepare import Preparer
 from api.proxy.caller import Caller
 from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
-from api.proxy.fitting import Fit, Fitter
+from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import conversation_id
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
-from api.proxy.reserve import requested_output, with_reply_room
+from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
+from shared.messages import Message
 
 log = get_logger(__name__)
 
@@ -159,12 +160,11 @@ class Relay:
 
     async def _fit_to(self, window: Window) -> Fit | None:
         try:
-            messages, tools = self.dialect.transcript(self.body, self.svc.validated.validate)
+            messages, tools = self.dialect.transcript(self.body, self._checked)
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        self.conv_id = conversation_id(self.headers, self.body, self.caller.tenant, messages)
-        messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
+        assert self.conv_id is not None
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
         if len(messages) > self.svc.settings.max_messages:
@@ -177,11 +177,24 @@ class Relay:
         except DoesNotFit:
             pass
         try:  # the head and recent turns exceed the budget: never forward it over the window
-            asked = requested_output(self.body) or 0
-            reply = asked if asked < window.max_input_tokens else 0
-            return self._fitted(await self.fitter.last_chance(reply))
+            return self._fitted(await self.fitter.last_chance(self.body))
         except DoesNotFit:
             return self._skip("does not fit")
+
+    def _checked(self, messages: Any) -> list[Message]:
+        """The request's messages (OpenAI format) named and validated. The stored
+        conversation's own objects first replace the equal messages they start with (one
+        comparison by content, `ConversationCache.shared`): those are never changed, nor
+        are the request's own after parsing, so the transcript is validated as frozen and
+        every later step (counting, the stored prepare, the sync) meets objects it has seen
+        and compares by identity, paying only for the new messages."""
+        try:
+            self.conv_id = conversation_id(self.headers, self.body, self.caller.tenant, messages)
+        except (AttributeError, TypeError, KeyError):  # not messages: validation says why
+            self.svc.validated.validate(messages)
+            raise
+        messages = self.svc.cache.shared(self.caller.tenant, self.conv_id, messages)
+        return self.svc.validated.validate_with(messages, None, frozen=True)[0]
 
     def _skip(self, reason: str) -> Fit | None:
         self.label = f"skipped ({reason})"
@@ -189,6 +202,8 @@ class Relay:
         return None
 
     def _fitted(self, fit: Fit) -> Fit:
+        assert self.fitter is not None
+        fit = with_reply(fit, self.fitter.window, self.body)
         self.label = "applied" if fit.report.get("changed") else "unchanged"
         self.rec.tokens_before = fit.report.get("tokens_before")
         self.rec.tokens_after = fit.report.get("tokens_after")
@@ -255,9 +270,11 @@ class Relay:
         """What goes upstream: the client's bytes unless the messages or stream options change."""
         if fit is None:
             return self.raw  # skipped: forwarded exactly as it came
-        if not fit.report.get("changed"):
+        if not fit.report.get("changed") and fit.reply is None:
             return self.raw if self.streamed is None else dumps(self.streamed)
         base = self.streamed if self.streamed is not None else self.body
+        if fit.reply is not None:
+            base = fit.reply.apply(base)
         return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
@@ -316,7 +333,10 @@ class Relay:
     def _prefit_headers(self, fit: Fit | None) -> dict[str, str]:
         self.rec.fit = self.label
         report = fit.report if fit is not None else None
-        return prefit_headers(self.label, self.retries, self.conv_id, report)
+        out = prefit_headers(self.label, self.retries, self.conv_id, report)
+        if fit is not None and fit.reply is not None:
+            out.update(fit.reply.headers())
+        return out
 
     # --- after the answer ----------------------------------------------------------------
     def _settle(self) -> None:

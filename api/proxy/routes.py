@@ -23,7 +23,7 @@ from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
 from api.proxy.anthropic import AnthropicDialect
 from api.proxy.caller import identify
-from api.proxy.codec import loads
+from api.proxy.codec import ResentBodies
 from api.proxy.dialect import Dialect
 from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
@@ -39,6 +39,7 @@ RESPONSES_DIALECT = ResponsesDialect()
 router = APIRouter()
 # included after every other router: the answer for a route nobody serves
 fallback = APIRouter()
+BODIES = ResentBodies()  # the process's: bodies resent turn after turn, parsed from what is new
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
@@ -152,9 +153,14 @@ async def _relayed(
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
-    body = _object(raw, model_required)
+    body, learn = _object(raw, caller.tenant, model_required)
     relay = relay_type(svc, dialect, caller, body, raw, request.headers, rec)
-    return await relay.run()
+    answer = await relay.run()
+    if learn:  # after the answer and its sync: where this body's messages end, for the next
+        relay.background.add_task(BODIES.remember, caller.tenant, raw)
+    elif dialect is OPENAI_DIALECT and relay.fitter is not None:  # its messages as they came
+        BODIES.adopt(caller.tenant, raw, relay.fitter.messages)
+    return answer
 
 
 async def _passed(request: Request, path: str) -> Response:
@@ -179,10 +185,12 @@ def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
     return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
-def _object(raw: bytes, model_required: bool = True) -> dict[str, Any]:
-    """The request body: a JSON object naming a model (when it must, or names one)."""
+def _object(raw: bytes, tenant: str, model_required: bool = True) -> tuple[dict[str, Any], bool]:
+    """The request body, a JSON object naming a model (when it must, or names one), parsed
+    from where it differs from the tenant's last like it (`ResentBodies`), and whether to
+    learn its messages."""
     try:
-        body = loads(raw)
+        body, learn = BODIES.loads(tenant, raw)
     except ValueError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -191,4 +199,4 @@ def _object(raw: bytes, model_required: bool = True) -> dict[str, Any]:
         not isinstance(body.get("model"), str) or not body["model"]
     ):
         raise InvalidRequest("'model' must be a non-empty string")
-    return body
+    return body, learn

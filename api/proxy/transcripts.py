@@ -75,6 +75,7 @@ def sync(
     """Make the stored conversation `conv_id` hold exactly `messages` (sync: threadpool):
     `Conversations.sync`, which appends only what is new when the stored transcript is a
     prefix (compared by prefix hash, atomically), and replaces it otherwise. The transcript
-    is validated first: a request forwarded unchecked never stores a malformed one."""
-    validated = svc.validated.validate(messages)
+    is validated first: a request forwarded unchecked never stores a malformed one. It is
+    the one the request validated as frozen (`Relay._checked`), so that is an identity check."""
+    validated = svc.validated.validate_with(messages, None, frozen=True)[0]
     return Conversations(svc).sync(tenant, conv_id, validated, window, tools, hashes=hashes)

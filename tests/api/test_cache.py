@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from api.cache import ConversationCache
+from api.cache import ConversationCache, snapshot_regions
 from api.calibration import CachedRatios
 from shared.errors import NotFound, StoreUnavailable
+from shared.policy import ContextPolicy
 from shared.store import Store
 from shared.store.increments import Increments
 from tests.api.helpers import chat, conv_id, user
+from tests.conftest import load_transcript, needs_transcripts, transcript_files
 
 
 def test_cache_reads_only_new_messages_and_reloads_replaced_ones(store: Store, tenant: str) -> None:
@@ -96,3 +98,14 @@ def test_a_resent_transcript_borrows_the_cached_message_objects(store: Store, te
     for other in (edited, chat(2)[:2], [user("x")] * 6):
         assert cache.shared(tenant, cid, other) is other
     assert cache.shared(tenant, conv_id(), resent) is resent  # not cached
+
+
+@needs_transcripts
+@pytest.mark.parametrize("keep_recent", [1, 3])
+def test_a_snapshots_regions_from_its_last_messages_are_the_policys(keep_recent: int) -> None:
+    """The head and recent tail found from the last messages equal a pass over them all."""
+    policy = ContextPolicy(1_000_000, keep_recent=keep_recent)
+    for path in transcript_files()[::3]:
+        msgs = load_transcript(path)["messages"]
+        for n in range(1, len(msgs) + 1, 5):
+            assert snapshot_regions(policy, msgs[:n]) == policy.regions(msgs[:n]), (path.name, n)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,16 +113,26 @@ def proxy_settings(
     )
 
 
-@pytest.fixture
-def proxy(
-    redis_url: str, tenant: str, model: str, fake: FakeProvider, recorder: Recorder
+@contextmanager
+def serving(
+    redis_url: str, tenant: str, model: str, fake: FakeProvider, recorder: Recorder, **extra: Any
 ) -> Iterator[Proxy]:
-    """The API (uvicorn, real Redis) forwarding to `fake` (uvicorn), as the test's tenant."""
+    """The API (uvicorn, real Redis) forwarding to `fake` (uvicorn), as `tenant`; `extra`
+    settings over the test's."""
     with serve(fake.app) as fake_url:
-        settings = proxy_settings(redis_url, model, tenant, fake_url)
+        settings = proxy_settings(redis_url, model, tenant, fake_url, **extra)
         store = Store.from_url(redis_url, settings)
         try:
             with serve(create_app(settings, store=store, enqueue=recorder)) as url:
                 yield Proxy(url, key_of(tenant), settings, store, fake, recorder, tenant)
         finally:
             store.close()
+
+
+@pytest.fixture
+def proxy(
+    redis_url: str, tenant: str, model: str, fake: FakeProvider, recorder: Recorder
+) -> Iterator[Proxy]:
+    """The API (uvicorn, real Redis) forwarding to `fake` (uvicorn), as the test's tenant."""
+    with serving(redis_url, tenant, model, fake, recorder) as proxy:
+        yield proxy
