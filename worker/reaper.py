@@ -6,7 +6,7 @@ the queue's entries whose deadline has passed (atomically: each goes to one reap
 enqueues their task again by name, with the same task id (a delivery of the same task, so a
 lease its dead predecessor still held makes it wait, not end), its retries counted, and the
 priority of a job someone may be waiting for. A job lost that way runs again about
-`lease_ttl_s + reaper_interval_s` after its worker died (40 s with the defaults), whatever the
+`lease_ttl_s + reaper_interval_s` after its worker died (6 s with the defaults), whatever the
 broker's visibility timeout (an hour) and on either broker (RabbitMQ gives a lost worker's
 tasks back at once when its connection drops; the reaper still covers a worker that hangs
 without dropping it). If the broker refuses the send, the entry goes back, due at the next
