@@ -81,6 +81,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_pool": "threads",
         "worker_concurrency": settings.worker_concurrency,
         "worker_send_task_events": False,
+        "worker_consumer": "worker.broker:Consumer",  # back on the broker within a second
         "task_send_sent_event": False,
     }
     transport = transport_for(settings.broker)
