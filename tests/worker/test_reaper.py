@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shared.service.jobs import PRIORITY_AHEAD
+from shared.settings import Settings
 from shared.store import Store, Ticket
 from tests.brokerbackend import unreachable_broker
 from tests.fakellm import FakeLLM
@@ -45,12 +46,7 @@ def test_a_job_the_broker_refuses_waits_for_the_next_sweep(
     ticket = Ticket("lost-task-2", settings.summary_queue, {"tenant": tenant}, retries=0)
     store.inflight.register(ticket, 0.01)
     time.sleep(0.05)
-    app = make_app(settings)
-    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
-    try:
-        assert Reaper(app, store, settings.summary_queue, 0.2).sweep() == 0
-    finally:
-        app.close()
+    assert _sweep_with_the_broker_down(store, settings) == 0
     assert store.inflight.running(settings.summary_queue) == 1
     time.sleep(0.25)
     (back,) = store.inflight.reap(settings.summary_queue)
@@ -88,15 +84,21 @@ def test_jobs_the_api_could_not_send_are_sent_once_the_broker_answers(
     store.conversations.append(tenant, "c1", chat(30))
     job = job_for(store, tenant, "c1", model)
     assert store.unsent.keep(settings.summary_queue, job.to_kwargs(), PRIORITY_AHEAD)
-    down = make_app(worker_settings(redis_url, None, broker_url=unreachable_broker()))
-    down.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
-    try:
-        assert Reaper(down, store, settings.summary_queue, 0.2).sweep() == 0
-    finally:
-        down.close()
+    down = worker_settings(redis_url, None, broker_url=unreachable_broker())
+    assert _sweep_with_the_broker_down(store, down, settings.summary_queue) == 0
     assert store.unsent.count(settings.summary_queue) == 1
     app = app_for(settings)
     with running_worker(app):
         assert Reaper(app, store, settings.summary_queue, 60.0).sweep() == 1
         wait_until(lambda: store.records.best(tenant, "c1") is not None, 20, "the summary")
     assert store.unsent.count(settings.summary_queue) == 0 and len(fake.calls) == 1
+
+
+def _sweep_with_the_broker_down(store: Store, settings: Settings, queue: str = "") -> int:
+    """One sweep of `queue` (the settings' by default) by a reaper whose broker never answers."""
+    app = make_app(settings)
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
+    try:
+        return Reaper(app, store, queue or settings.summary_queue, 0.2).sweep()
+    finally:
+        app.close()
