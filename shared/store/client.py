@@ -170,8 +170,9 @@ REFUSED: tuple[type[Exception], ...] = (
 )
 
 # How long a call on a cluster client may retry when no request deadline says otherwise (a
-# worker): about a failover with cluster-node-timeout 2000 ms.
-RETRY_BUDGET_S = 2.0
+# worker): enough for a redirection after a failover, short because a worker's jobs share one
+# event loop that a retrying call holds; a job that still fails is retried by Celery.
+RETRY_BUDGET_S = 0.5
 RETRY_MARGIN_S = 0.3  # kept for the last attempt itself
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 0.4
 

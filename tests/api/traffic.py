@@ -38,6 +38,7 @@ class Answer:
     kind: str  # append, prepare, get
     status: int  # 0: no answer (a transport error)
     error: str = ""
+    seconds: float = 0.0  # how long the answer took
 
 
 @dataclass
@@ -76,11 +77,14 @@ class Traffic:
         with self._lock:
             return Counter(a.status for a in self.answers if a.at >= since)
 
-    def _record(self, kind: str, r: httpx.Response | None, error: str = "") -> Answer:
+    def _record(
+        self, kind: str, r: httpx.Response | None, started: float, error: str = ""
+    ) -> Answer:
         status = r.status_code if r is not None else 0
         if r is not None and status >= 400:
             error = r.json().get("error", {}).get("type", "") if _is_json(r) else r.text[:80]
-        answer = Answer(time.monotonic(), kind, status, error)
+        now = time.monotonic()
+        answer = Answer(now, kind, status, error, now - started)
         with self._lock:
             self.answers.append(answer)
         if self.on_answer is not None:
@@ -128,12 +132,13 @@ class Traffic:
     def _send(
         self, client: httpx.Client, kind: str, method: str, path: str, body: Any
     ) -> httpx.Response | None:
+        started = time.monotonic()
         try:
             r = client.request(method, path, json=body)
         except httpx.HTTPError as exc:
-            self._record(kind, None, type(exc).__name__)
+            self._record(kind, None, started, type(exc).__name__)
             return None
-        self._record(kind, r)
+        self._record(kind, r, started)
         return r
 
 
