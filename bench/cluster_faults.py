@@ -362,7 +362,10 @@ def inject(drill: Drill, store: Store, fault: str) -> Injected:
         what = "SIGKILL RabbitMQ, started again after 10 s"
         return Injected(what, start, start + 10, drill.conversations, [back])
     if fault == "F3":
-        running = running_jobs(store, drill.queue)
+        deadline = start + 15
+        while len(running := running_jobs(store, drill.queue)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)  # mid-task: wait for jobs running (likely on both workers)
+        start = time.monotonic()
         proc = drill.procs["extra"]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
