@@ -60,10 +60,10 @@ def connect(
 
     With `cluster`, a `RedisCluster` that has read the topology from the node at `url` (so
     this connects: `StoreUnavailable` if no node answers, `ConfigError` if the node is not in
-    cluster mode). It follows MOVED and ASK redirections itself, but retries nothing else:
-    its retries would also repeat timed-out commands, pipelines included. A dropped pooled
-    connection (a node restarted) then fails one command, and the next use re-reads the
-    topology. `max_connections` is per node.
+    cluster mode). It follows MOVED and ASK redirections of single commands itself, but its
+    own retries are off: they would also repeat timed-out commands, pipelines included. The
+    store's calls retry instead, knowing which are safe to repeat (`guarded`, `guarded_read`).
+    `max_connections` is per node.
     """
     common: dict[str, Any] = {
         "socket_timeout": socket_timeout,
