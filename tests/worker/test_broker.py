@@ -85,7 +85,9 @@ def test_the_worker_reconnects_to_the_broker_forever() -> None:
 
 def test_the_consumer_tries_a_lost_broker_every_second(monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers' consumer reconnects every RECONNECT_S, not on Celery's 2, 4, 6 ... 30 s."""
-    assert celery_config(Settings())["worker_consumer"] == "worker.broker:Consumer"
+    config = celery_config(Settings())
+    assert config["worker_consumer"] == "worker.broker:Consumer"
+    assert config["worker_enable_prefetch_count_reduction"] is False  # celery#9512
     seen: dict[str, Any] = {}
 
     class Conn:
