@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api.errors import RETRY_AFTER_S
 from api.logging import SCOPE_KEY, RequestLog
 from shared.logs import get_logger
+from shared.store.client import retry_within
 
 log = get_logger(__name__)
 
@@ -76,6 +77,9 @@ class RequestDeadline:
             return
         clock = Clock(self.seconds)
         scope.setdefault("state", {})[STATE_KEY] = clock
+        # the store's retries (a cluster failing over) stop in time for an answer: the app's
+        # task and its threadpool calls inherit this
+        retry_within(clock.remaining)
 
         async def timed_receive() -> Message:
             clock.reading = True

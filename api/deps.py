@@ -124,7 +124,11 @@ class Services:
         # transcripts resent every turn (the proxy's) are validated in O(new)
         self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
         self.trigger = SummaryTrigger(
-            self.store, self.enqueue, on_sent=self.metrics.sent, on_claimed=self.metrics.claimed
+            self.store,
+            self.enqueue,
+            on_sent=self.metrics.sent,
+            on_claimed=self.metrics.claimed,
+            queue=self.settings.summary_queue,
         )
         self.metrics.watch_store(
             StoreCollector(

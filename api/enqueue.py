@@ -8,8 +8,11 @@ prepare), the summary record the conversation is served from now, and its size i
 again once it has grown a step (or the marker expired). A conversation whose summary from its
 current record was dead-lettered lately is not asked for until that block expires (the same
 round trip; `shared.store.blocks`). The marker is claimed in the request
-and the job published after the response (a Celery publish costs milliseconds); a failed
-send clears its marker and is logged, and the request still succeeds.
+and the job published after the response (a Celery publish costs milliseconds); the request
+succeeds whatever the broker does. A send the broker refuses clears its marker and keeps the
+job in Redis (`shared.store.unsent`): the workers' reapers send it once the broker is back,
+so the conversation needs no new turn; `summary.enqueue_failed` is logged once per
+conversation until then (`summary.enqueue_kept` at debug level for later refusals).
 """
 
 from __future__ import annotations
@@ -135,9 +138,11 @@ class SummaryTrigger:
         *,
         on_sent: Callable[[Kind, bool], None] | None = None,
         on_claimed: Callable[[Kind], None] | None = None,
+        queue: str = "summaries",
     ) -> None:
         self._store = store
         self._enqueue = enqueue
+        self._queue = queue  # where a refused job is kept for the reapers
         self._on_sent = on_sent
         self._on_claimed = on_claimed
 
@@ -169,7 +174,9 @@ class SummaryTrigger:
         try:
             self._enqueue(job, PRIORITY[claim.kind])
         except Exception as exc:  # broker down (StoreUnavailable) or a faulty enqueue hook
-            log.warning("summary.enqueue_failed", **ids, error=type(exc).__name__)
+            first = self._keep(claim)
+            event = "summary.enqueue_failed" if first else "summary.enqueue_kept"
+            (log.warning if first else log.debug)(event, **ids, error=type(exc).__name__)
             with contextlib.suppress(StoreUnavailable):  # else the marker expires on its own
                 self._store.leases.clear_enqueue(job.tenant, job.conversation_id, claim.marker)
             self._sent(claim.kind, False)
@@ -177,6 +184,14 @@ class SummaryTrigger:
         log.info("summary.enqueued", **ids, length=job.length, priority=PRIORITY[claim.kind])
         self._sent(claim.kind, True)
         return True
+
+    def _keep(self, claim: Claim) -> bool:
+        """Keep the refused job for the reapers; True if it is the conversation's first (or it
+        could not be kept: Redis is failing too, and that is worth a line each time)."""
+        try:
+            return self._store.unsent.keep(self._queue, claim.job.to_kwargs(), PRIORITY[claim.kind])
+        except StoreUnavailable:
+            return True
 
     def _sent(self, kind: Kind, ok: bool) -> None:
         if self._on_sent is not None:

@@ -70,7 +70,9 @@ class Settings(BaseSettings):
     redis_connect_timeout_s: float = 1.0
     dead_letters_max: int = 1000
     redis_max_connections: int = 512
-    lease_ttl_s: float = 30.0
+    # a job's lease on its conversation, renewed every ttl/3 while it runs: a worker that dies
+    # mid-job gives it up (and the reaper sends the job again) within this (docs/scaling.md)
+    lease_ttl_s: float = 5.0
 
     # calibration per tenant and model (shared/service/settling.py)
     calibration_settle_after: int = Field(default=100, ge=1)
@@ -85,7 +87,7 @@ class Settings(BaseSettings):
     # worker faults (docs/workers.md): a job lost with its worker is re-enqueued once its lease
     # has expired, by the reaper every worker runs; a provider failing permanently is paused,
     # and a dead-lettered range blocked, for a backoff doubling from the first to the max
-    reaper_interval_s: float = Field(default=10.0, gt=0)
+    reaper_interval_s: float = Field(default=1.0, gt=0)
     breaker_backoff_s: float = Field(default=60.0, gt=0)
     breaker_backoff_max_s: float = Field(default=3600.0, gt=0)
 

@@ -81,6 +81,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_pool": "threads",
         "worker_concurrency": settings.worker_concurrency,
         "worker_send_task_events": False,
+        "worker_consumer": "worker.broker:Consumer",  # back on the broker within a second
+        # After a reconnect with tasks running, Celery lowers the prefetch count and raises it
+        # back as they finish; on RabbitMQ the worker could stay stuck at the lowered count and
+        # take no task again (celery#9512, #7515; seen in bench/cluster_faults.py after F2).
+        # Running tasks' deliveries come back anyway, and a lease makes any copy harmless.
+        "worker_enable_prefetch_count_reduction": False,
         "task_send_sent_event": False,
     }
     transport = transport_for(settings.broker)

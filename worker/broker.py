@@ -20,10 +20,12 @@ transport's unacked set, where kombu's visibility timeout and our in-flight reap
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+from celery.worker import consumer as celery_consumer
 from kombu.transport import redis as kombu_redis
 
 # `rediss://` keeps kombu's own transport: its alias also sets kombu's SSL defaults.
@@ -57,3 +59,21 @@ class Transport(kombu_redis.Transport):
 def transport_for(broker_url: str) -> str | None:
     """The transport to give Celery for `broker_url`: ours for plain Redis, else kombu's."""
     return TRANSPORT if urlsplit(broker_url).scheme in GUARDED_SCHEMES else None
+
+
+# Seconds between the consumer's attempts to reach the broker again: Celery's consumer waits
+# 2, 4, 6 ... up to 30 s between attempts (kombu's defaults), so after a 10 s broker outage a
+# worker came back up to 10 s after the broker did. A try every RECONNECT_S costs a refused
+# connection per second per worker while the broker is down.
+RECONNECT_S = 1.0
+
+
+class Consumer(celery_consumer.Consumer):  # type: ignore[misc]
+    """Celery's consumer, reconnecting to the broker every RECONNECT_S instead of backing off."""
+
+    def ensure_connected(self, conn: Any) -> Any:
+        ensure = conn.ensure_connection
+        conn.ensure_connection = functools.partial(
+            ensure, interval_start=0, interval_step=RECONNECT_S, interval_max=RECONNECT_S
+        )
+        return super().ensure_connected(conn)

@@ -6,7 +6,7 @@ the queue's entries whose deadline has passed (atomically: each goes to one reap
 enqueues their task again by name, with the same task id (a delivery of the same task, so a
 lease its dead predecessor still held makes it wait, not end), its retries counted, and the
 priority of a job someone may be waiting for. A job lost that way runs again about
-`lease_ttl_s + reaper_interval_s` after its worker died (40 s with the defaults), whatever the
+`lease_ttl_s + reaper_interval_s` after its worker died (6 s with the defaults), whatever the
 broker's visibility timeout (an hour) and on either broker (RabbitMQ gives a lost worker's
 tasks back at once when its connection drops; the reaper still covers a worker that hangs
 without dropping it). If the broker refuses the send, the entry goes back, due at the next
@@ -54,13 +54,39 @@ class Reaper:
             thread.join(timeout=10)
 
     def sweep(self) -> int:
-        """Send again every job of the queue whose deadline has passed; how many were sent."""
+        """Send again every job of the queue whose deadline has passed, then the jobs the API
+        could not send; how many were sent."""
         sent = 0
         while True:
             tickets = self._store.inflight.reap(self._queue, BATCH)
             sent += sum(1 for t in tickets if self._send(t))
             if len(tickets) < BATCH:
-                return sent
+                return sent + self.send_unsent()
+
+    def send_unsent(self) -> int:
+        """Send the jobs the broker refused to the API (oldest first, until the broker refuses
+        again); how many were sent."""
+        sent = 0
+        for job in self._store.unsent.due(self._queue, BATCH):
+            try:
+                self._app.send_task(
+                    TASK_NAME,
+                    kwargs=dict(job.kwargs),
+                    queue=self._queue,
+                    priority=priority(job.priority, self._app.conf.broker_url),
+                )
+            except Exception as exc:  # still down: the rest waits for the next sweep
+                log.info("summary.unsent_failed", queue=self._queue, error=type(exc).__name__)
+                break
+            self._store.unsent.sent(self._queue, job)
+            log.info(
+                "summary.unsent_sent",
+                tenant=job.tenant,
+                conversation_id=job.conversation_id,
+                priority=job.priority,
+            )
+            sent += 1
+        return sent
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

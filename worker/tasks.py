@@ -79,10 +79,14 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
         decision = runtime.failures.decide(job, progress, exc, retries=int(request.retries))
         return _act(task, runtime, job, ticket, exc, decision)
     if outcome.status == "busy" and _own(outcome, request.id):
-        # An earlier delivery of this very task holds the lease: it died (the lease will
-        # expire) or still runs past the visibility timeout. Come back once either is over.
-        wait = runtime.settings.lease_ttl_s
-        return _again(task, runtime, job, ticket, None, countdown=wait, reason="own_lease")
+        # An earlier delivery of this very task holds the lease: it still runs (a broker
+        # connection lost, a run past the visibility timeout) or it died. Its in-flight entry
+        # is the same as ours: renewed with the lease while it runs, sent again by a reaper
+        # once the lease lapses. So this copy ends, without a retry that could run out the
+        # budget while a long summary still runs, and leaves the entry to its holder.
+        log.info("summary.left_to_holder", **_ids(job))
+        _finished(job, outcome, attempt, started)
+        return outcome.to_dict()
     if outcome.status == "busy":  # the holder covers it; nothing of this job is left to resend
         _leave(runtime, ticket)
     _finished(job, outcome, attempt, started)

@@ -56,8 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--api-workers", type=_positive, help="API processes serving the one port (default 1)"
     )
-    # the name `--workers` suggests the summary workers: kept, deprecated, for old scripts
-    up.add_argument("--workers", type=_positive, dest="workers", help=argparse.SUPPRESS)
+    up.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="summary worker processes, each a Celery node of its own (default 1)",
+    )
     up.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop")
     up.add_argument("--redis-dir", type=Path, help="persist the embedded Redis (AOF) here")
     up.set_defaults(command=_up)
@@ -65,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run a Celery summary worker (replaces this process)")
     worker.add_argument(
         "--concurrency", type=_positive, help="threads (default: PREFIT_WORKER_CONCURRENCY)"
+    )
+    worker.add_argument(
+        "-n",
+        "--name",
+        help="Celery node name, unique per worker (default: prefit-<random>@<host>; %%h is the "
+        "host name)",
     )
     worker.set_defaults(command=_worker)
 
@@ -121,16 +131,11 @@ def _up(ns: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    if ns.workers is not None:
-        print(
-            "prefit up: --workers is deprecated, use --api-workers (the summary workers' "
-            "concurrency is PREFIT_WORKER_CONCURRENCY)",
-            file=sys.stderr,
-        )
     opts = UpOptions(
         host=host,
         port=ns.port if ns.port is not None else settings.port,
-        workers=ns.api_workers or ns.workers or 1,
+        workers=ns.api_workers or 1,
+        summary_workers=ns.workers,
         grace_s=ns.grace,
         redis_dir=ns.redis_dir,
     )
@@ -139,7 +144,7 @@ def _up(ns: argparse.Namespace, settings: Settings) -> int:
 
 
 def _worker(ns: argparse.Namespace, settings: Settings) -> int:
-    _exec(worker_argv(settings, ns.concurrency))
+    _exec(worker_argv(settings, ns.concurrency, ns.name))
 
 
 def _exec(argv: list[str]) -> NoReturn:

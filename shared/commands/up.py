@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -188,16 +189,31 @@ def _die_with_parent() -> None:
 # --- the command lines -----------------------------------------------------------------------
 
 
-def worker_argv(settings: Settings, concurrency: int | None = None) -> list[str]:
-    """The Celery worker command line, for `prefit up`, `prefit worker` and containers."""
+def worker_argv(
+    settings: Settings, concurrency: int | None = None, name: str | None = None
+) -> list[str]:
+    """The Celery worker command line, for `prefit up`, `prefit worker` and containers.
+
+    Each worker gets a node name of its own (`node_name`) unless `name` is given: two workers
+    with one name share RabbitMQ's exclusive pidbox queue, and the second dies with
+    RESOURCE_LOCKED.
+    """
     return [
         sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+        "-n", name or node_name(),
         "-Q", settings.summary_queue,
         "-P", "threads",
         "-c", str(concurrency or settings.worker_concurrency),
         "--without-gossip", "--without-mingle", "--without-heartbeat",
         "-l", settings.log_level.upper(),
     ]  # fmt: skip
+
+
+def node_name() -> str:
+    """A Celery node name unique on this host: `prefit-<random>@%h` (Celery puts the host
+    name for %h). Random rather than the pid: `up` restarts a worker under the same argv, and
+    two containers may both be pid 1 on one host name."""
+    return f"prefit-{secrets.token_hex(4)}@%h"
 
 
 def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
@@ -223,10 +239,11 @@ def describe_summarizer(settings: Settings) -> str:
 class UpOptions:
     host: str
     port: int
-    workers: int = 1
+    workers: int = 1  # API processes
     grace_s: float = 10.0
     redis_dir: Path | None = None
     backoff: Backoff = Backoff()
+    summary_workers: int = 1  # Celery worker processes, each with a node name of its own
 
 
 def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: TextIO) -> int:
@@ -249,7 +266,9 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
                 raise StoreUnavailable(f"REDIS_URL {_redact(redis_url)} does not answer PING")
             if not sup.stopping:
                 child_env = {**env, "REDIS_URL": redis_url}
-                sup.spawn("worker", worker_argv(settings), child_env)
+                for i in range(opts.summary_workers):
+                    name = "worker" if opts.summary_workers == 1 else f"worker-{i + 1}"
+                    sup.spawn(name, worker_argv(settings), child_env)
                 api_env = child_env if metrics is None else {**child_env, METRICS_DIR: str(metrics)}
                 sup.spawn("api", api_argv(opts.host, opts.port, opts.workers), api_env)
                 _banner(out, opts, settings, redis_url, redis)
@@ -345,7 +364,8 @@ def _banner(
     _say(out, f"redis {_redact(redis_url)} ({where})")
     broker = _redact(settings.broker_url) if settings.broker_url else "the store's Redis"
     queue = f"queue {settings.summary_queue!r} on {broker}"
-    _say(out, f"worker: concurrency {settings.worker_concurrency}, {queue}")
+    workers = f"{opts.summary_workers} worker(s)"
+    _say(out, f"{workers}: concurrency {settings.worker_concurrency} each, {queue}")
     _say(out, f"summarizer: {describe_summarizer(settings)}")
     if not settings.models:
         _say(

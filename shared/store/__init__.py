@@ -30,6 +30,7 @@ from shared.store.deadletters import DeadLetter, DeadLetters
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import HeldLease, Lease
 from shared.store.records import RecordStore
+from shared.store.unsent import Unsent, UnsentJob
 from shared.store.usage import Usage, UsageStore
 
 log = get_logger(__name__)
@@ -55,6 +56,8 @@ __all__ = [
     "Store",
     "TenantRatios",
     "Ticket",
+    "Unsent",
+    "UnsentJob",
     "Usage",
     "UsageStore",
 ]
@@ -75,6 +78,7 @@ class Store:
     inflight: InFlight
     breakers: Breakers
     blocks: Blocks
+    unsent: Unsent
 
     @classmethod
     def from_client(cls, client: Client, settings: Settings) -> Store:
@@ -101,6 +105,7 @@ class Store:
             inflight=InFlight(client),
             breakers=Breakers(client, base_s=backoff, max_s=backoff_max),
             blocks=Blocks(client, base_s=backoff, max_s=backoff_max),
+            unsent=Unsent(client),
         )
 
     @classmethod

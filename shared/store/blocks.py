@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shared.store import keys
-from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 from shared.summaries import SummaryRecord
 
 # KEYS: attempts, blocked, block count. ARGV: origin, upto, prefix hash, error, limit,
@@ -117,7 +117,7 @@ class Blocks:
         attempts, pause = (int(x) for x in self._r.eval(FAIL, 3, *ks, *args))
         return Failure(attempts, pause / 1000)
 
-    @guarded
+    @guarded_read
     def get(self, tenant: str, conv_id: str) -> Block | None:
         """The conversation's block, if one is in force."""
         key = keys.conv_blocked(tenant, conv_id)

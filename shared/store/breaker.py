@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from shared.settings import Settings
 from shared.store import keys
-from shared.store.client import Client, eval_in, guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, guarded_read, text, ttl_ms
 from shared.store.inflight import NOW
 
 State = Literal["closed", "open", "half_open"]
@@ -170,7 +170,7 @@ class Breakers:
         """Add the breaker's read to a pipeline (its reply goes to `state_of`)."""
         eval_in(pipe, READ, [keys.breaker(provider)], [])
 
-    @guarded
+    @guarded_read
     def state(self, provider: str) -> BreakerState:
         return state_of(self._r.eval(READ, 1, keys.breaker(provider)))
 
@@ -210,7 +210,7 @@ class Breakers:
         """The probe ended without an answer either way (a retryable error): let another try."""
         self._r.eval(RELEASE_PROBE, 1, keys.breaker(provider))
 
-    @guarded
+    @guarded_read
     def all(self) -> list[BreakerState]:
         """Every configuration that ever tripped (and is still remembered), by label."""
         index = {text(k): text(v) for k, v in self._r.hgetall(keys.breakers()).items()}

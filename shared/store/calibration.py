@@ -18,7 +18,7 @@ from shared.calibration import RatioStore
 from shared.errors import ImplausibleObservation
 from shared.service.settling import SettlingRule
 from shared.store import keys
-from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 
 # KEYS: ratio hash. ARGV: observed, low, high, settle after, tolerance, ttl ms.
 # `SettlingRule.fold` in Lua (same operations, so the same doubles). Ratios travel as
@@ -67,7 +67,7 @@ class RedisRatios:
         keys.check_tenant(tenant)
         return TenantRatios(self, tenant)
 
-    @guarded
+    @guarded_read
     def get(self, tenant: str, model: str | None) -> float | None:
         """The tenant's ratio for `model`, or None before its first observation."""
         raw = self._r.hget(keys.ratio(tenant, model), "ratio")
@@ -90,7 +90,7 @@ class RedisRatios:
             raise ImplausibleObservation(reason or f"observation refused ({text(reply[1])})")
         return float(text(reply[1]))
 
-    @guarded
+    @guarded_read
     def calibration(self, tenant: str, model: str | None) -> Calibration | None:
         """Ratio and observation count together (for operators and tests)."""
         raw = self._r.hmget(keys.ratio(tenant, model), ["ratio", "observations"])

@@ -10,19 +10,29 @@ pipelines through `eval_in`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import math
-from collections.abc import Callable, Sequence
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from typing import Any, ParamSpec, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from shared.errors import ConfigError, StoreUnavailable
+from shared.logs import get_logger
+
+log = get_logger(__name__)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,10 +60,10 @@ def connect(
 
     With `cluster`, a `RedisCluster` that has read the topology from the node at `url` (so
     this connects: `StoreUnavailable` if no node answers, `ConfigError` if the node is not in
-    cluster mode). It follows MOVED and ASK redirections itself, but retries nothing else:
-    its retries would also repeat timed-out commands, pipelines included. A dropped pooled
-    connection (a node restarted) then fails one command, and the next use re-reads the
-    topology. `max_connections` is per node.
+    cluster mode). It follows MOVED and ASK redirections of single commands itself, but its
+    own retries are off: they would also repeat timed-out commands, pipelines included. The
+    store's calls retry instead, knowing which are safe to repeat (`guarded`, `guarded_read`).
+    `max_connections` is per node.
     """
     common: dict[str, Any] = {
         "socket_timeout": socket_timeout,
@@ -139,20 +149,163 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.exceptions.ClusterDownError,
     redis.exceptions.ClusterError,  # redirections went round until their limit (resharding)
     redis.exceptions.SlotNotCoveredError,  # the topology changed under the client
+    redis.exceptions.AskError,  # MOVED too: a cluster transaction does not follow redirections
 )
+
+# What a guarded call catches: the faults, and redis-py's cluster client failing to read a
+# slot map (`topology_fault`; its other exceptions are bugs and pass).
+CAUGHT: tuple[type[Exception], ...] = (*UNAVAILABLE, RedisClusterException)
+CAUGHT_ASYNC: tuple[type[Exception], ...] = (*CAUGHT, OSError)  # asyncio's sockets raise these
+
+# Refusals: the node did not run the command (a redirection, a failover under way, a replica
+# refusing a write, a node still loading), so running it again cannot apply it twice.
+REFUSED: tuple[type[Exception], ...] = (
+    redis.exceptions.AskError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterError,
+    redis.exceptions.SlotNotCoveredError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.BusyLoadingError,
+)
+
+# How long a call on a cluster client may retry when no request deadline says otherwise (a
+# worker): enough for a redirection after a failover, short because a worker's jobs share one
+# event loop that a retrying call holds; a job that still fails is retried by Celery.
+RETRY_BUDGET_S = 0.5
+RETRY_MARGIN_S = 0.3  # kept for the last attempt itself
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 0.4
+
+# The seconds left to the current request's deadline (the API sets it per request, and
+# threadpool calls inherit it); None: RETRY_BUDGET_S from the call's start.
+_remaining: ContextVar[Callable[[], float] | None] = ContextVar("prefit_retry", default=None)
+
+
+def retry_within(remaining: Callable[[], float]) -> None:
+    """Bound the store's retries in this context (and the tasks and threads it starts) by
+    `remaining()`, the seconds left to a deadline."""
+    _remaining.set(remaining)
 
 
 def guarded(fn: Callable[P, R]) -> Callable[P, R]:
-    """Map faults of the store (unreachable, timeout, read-only, OOM) to `StoreUnavailable`."""
+    """Map faults of the store to `StoreUnavailable`; on a cluster, retry refusals first.
 
+    For calls that write: only what the node refused (`REFUSED`) or a connection that was
+    never made is retried, after reading the topology again, so a write never lands twice.
+    """
+    return _retrying(fn, reads=False)
+
+
+def guarded_read(fn: Callable[P, R]) -> Callable[P, R]:
+    """`guarded` for calls that only read: any fault of the store is retried on a cluster (a
+    connection dropped mid-read, a timeout), since running a read again changes nothing."""
+    return _retrying(fn, reads=True)
+
+
+def _retrying(fn: Callable[P, R], *, reads: bool) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return fn(*args, **kwargs)
-        except UNAVAILABLE as exc:
-            raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
+        client = getattr(args[0], "_r", None) if args else None
+        cluster = isinstance(client, RedisCluster)
+        left = _clock()
+        attempt = 0
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except CAUGHT as exc:
+                if isinstance(exc, RedisClusterException) and not topology_fault(exc):
+                    raise  # a bug (a command crossing slots), not a fault of the cluster
+                if cluster:  # whatever happens next, the next call must not use a stale map
+                    refresh(client)
+                pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt)
+                again = cluster and retryable(exc, reads=reads)
+                if not (again and left() > pause + RETRY_MARGIN_S):
+                    raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
+                log.info("store.retried", error=type(exc).__name__, attempt=attempt + 1)
+                time.sleep(pause)
+                attempt += 1
 
     return wrapper
+
+
+async def guarded_read_async(read: Callable[[], Awaitable[R]], client: Any) -> R:
+    """`guarded_read` for an asyncio read on `client`: on an asyncio cluster client any fault
+    is retried (after reading the slot map again) while the deadline allows."""
+    cluster = isinstance(client, AsyncRedisCluster)
+    left = _clock()
+    attempt = 0
+    while True:
+        try:
+            return await read()
+        except CAUGHT_ASYNC as exc:
+            if isinstance(exc, RedisClusterException) and not topology_fault(exc):
+                raise
+            pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt)
+            if not (cluster and left() > pause + RETRY_MARGIN_S):
+                raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
+            log.info("store.retried", error=type(exc).__name__, attempt=attempt + 1)
+            await asyncio.sleep(pause)
+            with contextlib.suppress(redis.RedisError, RedisClusterException, OSError):
+                await client.nodes_manager.initialize()
+            attempt += 1
+
+
+def _clock() -> Callable[[], float]:
+    """The seconds left for retries of a call starting now."""
+    found = _remaining.get()
+    if found is not None:
+        return found
+    until = time.monotonic() + RETRY_BUDGET_S
+    return lambda: until - time.monotonic()
+
+
+def topology_fault(exc: BaseException) -> bool:
+    """Whether redis-py's cluster client failed to read a usable slot map (no node answered,
+    slots uncovered or disagreed on, mid-failover), as opposed to refusing a command."""
+    return isinstance(exc, RedisClusterException) and str(exc).startswith(TOPOLOGY_FAULTS)
+
+
+TOPOLOGY_FAULTS = (
+    "Redis Cluster cannot be connected",
+    "All slots are not covered",
+    "startup_nodes could not agree",
+)
+
+
+def retryable(exc: BaseException, *, reads: bool) -> bool:
+    """Whether running the call again is safe: always for a read, and for a write when the
+    node refused it or no connection was made (the command was never sent)."""
+    return reads or isinstance(exc, REFUSED) or topology_fault(exc) or never_sent(exc)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """A connection error raised while connecting (refused, unreachable, connect timeout)."""
+    if not isinstance(exc, redis.ConnectionError | redis.TimeoutError):
+        return False
+    message = str(exc)
+    return "connecting to" in message or message.startswith("Timeout connecting")
+
+
+REFRESH_EVERY_S = 0.1  # at most one topology read per client per this, however many calls fail
+_refreshed: dict[int, float] = {}
+_refresh_lock = threading.Lock()
+
+
+def refresh(client: Any) -> None:
+    """Read a cluster's slot map again (a failover or a resharding moved slots), unless it was
+    read in the last REFRESH_EVERY_S; a no-op for a standalone client, or when no node answers
+    (the next attempt reports that)."""
+    if not isinstance(client, RedisCluster):
+        return
+    now = time.monotonic()
+    with _refresh_lock:
+        if now - _refreshed.get(id(client), -REFRESH_EVERY_S) < REFRESH_EVERY_S:
+            return
+        _refreshed[id(client)] = now
+    try:
+        client.nodes_manager.initialize()
+    except (redis.RedisError, RedisClusterException, OSError) as exc:
+        log.info("store.topology_unread", error=type(exc).__name__)
 
 
 def ttl_ms(seconds: float) -> int:

@@ -33,7 +33,7 @@ from shared.hashing import prefix_hashes
 from shared.messages import Message
 from shared.store import keys, scripts
 from shared.store.chain import EMPTY
-from shared.store.client import Client, guarded, text
+from shared.store.client import Client, guarded, guarded_read, text
 from shared.store.directory import Directory
 from shared.store.writes import Append, Replacement, Writes, conv_keys
 
@@ -106,7 +106,7 @@ class ConversationStore:
         )
         return self.writes.replace(tenant, conv_id, whole).length
 
-    @guarded
+    @guarded_read
     def read(self, tenant: str, conv_id: str, *, start: int = 0) -> list[Message]:
         """The stored messages from index `start`; `NotFound` if there is no such conversation."""
         pipe = self._r.pipeline(transaction=True)
@@ -117,7 +117,7 @@ class ConversationStore:
             raise NotFound(f"conversation {conv_id!r} not found")
         return [json.loads(m) for m in raw]
 
-    @guarded
+    @guarded_read
     def snapshot(self, tenant: str, conv_id: str) -> Conversation:
         """Messages, prefix hashes and metadata read atomically, in one round trip."""
         pipe = self._r.pipeline(transaction=True)
@@ -129,7 +129,7 @@ class ConversationStore:
         chain = (EMPTY, *(text(h) for h in hashes))
         return Conversation(messages, chain, meta_of(conv_id, meta, len(messages)))
 
-    @guarded
+    @guarded_read
     def hashes(self, tenant: str, conv_id: str) -> list[str]:
         """The stored `prefix_hashes` of the conversation (length n+1)."""
         pipe = self._r.pipeline(transaction=True)
@@ -140,7 +140,7 @@ class ConversationStore:
             raise NotFound(f"conversation {conv_id!r} not found")
         return [EMPTY, *(text(h) for h in hashes)]
 
-    @guarded
+    @guarded_read
     def meta(self, tenant: str, conv_id: str) -> ConversationMeta:
         """The conversation's metadata and length; `NotFound` if it does not exist."""
         pipe = self._r.pipeline(transaction=True)
@@ -153,7 +153,7 @@ class ConversationStore:
         """Number of stored messages; `NotFound` if the conversation does not exist."""
         return self.meta(tenant, conv_id).length
 
-    @guarded
+    @guarded_read
     def exists(self, tenant: str, conv_id: str) -> bool:
         return bool(self._r.exists(keys.conv_meta(tenant, conv_id)))
 

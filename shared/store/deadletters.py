@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from shared.errors import ConfigError
 from shared.store import keys
-from shared.store.client import Client, guarded, ttl_ms
+from shared.store.client import Client, guarded, guarded_read, ttl_ms
 
 MAX_ERROR_CHARS = 2000
 DEFAULT_MAX_ENTRIES = 1000
@@ -59,7 +59,7 @@ class DeadLetters:
         pipe.pexpire(key, self._ttl)
         pipe.execute()
 
-    @guarded
+    @guarded_read
     def list(self, tenant: str, limit: int = 100) -> builtins.list[DeadLetter]:
         """Up to `limit` dead letters of the tenant, newest first."""
         if limit < 1:

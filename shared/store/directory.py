@@ -31,7 +31,7 @@ from typing import Any
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
 from shared.store import keys
-from shared.store.client import Client, guarded, ttl_ms
+from shared.store.client import Client, guarded, guarded_read, ttl_ms
 from shared.summaries import SummaryRecord
 
 log = get_logger(__name__)
@@ -101,13 +101,13 @@ class Directory:
     def _run(self, script: Any, ks: list[str], args: list[Any]) -> None:
         script(keys=ks, args=args)
 
-    @guarded
+    @guarded_read
     def get(self, tenant: str, prefix_hash: str) -> SummaryRecord | None:
         """A copy of a record some conversation of the tenant holds for exactly this prefix."""
         raw = self._r.get(keys.directory(tenant, prefix_hash))
         return SummaryRecord.from_json(raw) if raw is not None else None
 
-    @guarded
+    @guarded_read
     def refs(self, tenant: str, prefix_hash: str) -> set[str]:
         """The conversations an entry refers to (for operators and tests)."""
         found = self._r.smembers(keys.directory_refs(tenant, prefix_hash))

@@ -26,10 +26,9 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from shared.errors import StoreUnavailable
 from shared.store import keys
 from shared.store.chain import EMPTY
-from shared.store.client import Client, guarded, text
+from shared.store.client import Client, guarded_read, guarded_read_async, text
 from shared.store.records import BEST
 from shared.summaries import SummaryRecord
 
@@ -83,7 +82,7 @@ class Increments:
         self._r = client
         self._sha = _sha1(SINCE)
 
-    @guarded
+    @guarded_read
     def since(self, tenant: str, conv_id: str, *, start: int, prefix_hash: str) -> Increment:
         """Messages, hashes and best record after the first `start`, if those still match."""
         try:
@@ -108,15 +107,17 @@ class AsyncIncrements:
         await self._r.aclose()
 
     async def since(self, tenant: str, conv_id: str, *, start: int, prefix_hash: str) -> Increment:
-        """As `Increments.since`; Redis faults and timeouts become `StoreUnavailable`."""
-        try:
+        """As `Increments.since`; Redis faults and timeouts become `StoreUnavailable` (on a
+        cluster, after retries within the request's deadline)."""
+
+        async def read() -> Increment:
             try:
                 return await self._since(tenant, conv_id, start, prefix_hash)
             except redis.exceptions.NoScriptError:  # first use, or a restarted Redis
                 await self._r.script_load(SINCE)
                 return await self._since(tenant, conv_id, start, prefix_hash)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as exc:
-            raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
+
+        return await guarded_read_async(read, self._r)
 
     async def _since(self, tenant: str, conv_id: str, start: int, prefix_hash: str) -> Increment:
         args = _arguments(tenant, conv_id, start, prefix_hash)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from shared.store import keys
-from shared.store.client import Client, eval_in, guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, guarded_read, text, ttl_ms
 
 # The time in ms on Redis's clock, so every worker and reaper compares with the same clock.
 NOW = """
@@ -143,7 +143,7 @@ class InFlight:
             out.append(Ticket(text(task_id), queue, job["kwargs"], int(job["retries"])))
         return out
 
-    @guarded
+    @guarded_read
     def running(self, queue: str) -> int:
         """How many jobs of `queue` are registered now."""
         return int(self._r.zcard(keys.inflight_deadlines(queue)))

@@ -244,6 +244,18 @@ def inflight_deadlines(queue: str) -> str:
     return f"{_worker_queue(queue)}:deadlines"
 
 
+def conv_unsent(tenant: str, conv_id: str) -> str:
+    """STRING: JSON of the conversation's summary job the broker refused (kwargs, priority),
+    kept until a reaper sends it (shared/store/unsent.py)."""
+    return f"{_conv(tenant, conv_id)}:unsent"
+
+
+def unsent_index(queue: str) -> str:
+    """ZSET of the conversations with an unsent job for the queue: member `tenant/conversation`
+    (ids cannot contain `/`), score when it was first kept (ms)."""
+    return f"{_worker_queue(queue)}:unsent"
+
+
 def inflight_jobs(queue: str) -> str:
     """HASH of the queue's running summary jobs: task id -> JSON (task kwargs, retries)."""
     return f"{_worker_queue(queue)}:jobs"

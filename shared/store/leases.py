@@ -20,7 +20,7 @@ from types import TracebackType
 from shared.errors import ConfigError, LeaseLost, StoreUnavailable
 from shared.logs import get_logger
 from shared.store import keys
-from shared.store.client import Client, eval_in, guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, guarded_read, text, ttl_ms
 from shared.store.inflight import InFlight, Ticket
 
 log = get_logger(__name__)
@@ -80,7 +80,7 @@ class Lease:
         key = keys.conv_lease(tenant, conv_id)
         return bool(self._release(keys=[key], args=[check_owner(owner)]))
 
-    @guarded
+    @guarded_read
     def owner(self, tenant: str, conv_id: str) -> str | None:
         """Who holds the conversation's lease now, if anyone."""
         raw = self._r.get(keys.conv_lease(tenant, conv_id))

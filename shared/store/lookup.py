@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shared.store import keys
-from shared.store.client import Client, guarded
+from shared.store.client import Client, guarded_read
 from shared.summaries import SummaryRecord
 
 
@@ -21,7 +21,7 @@ class RecordLookup:
     def __init__(self, client: Client) -> None:
         self._r = client
 
-    @guarded
+    @guarded_read
     def longest(self, tenant: str, candidates: Sequence[tuple[int, str]]) -> SummaryRecord | None:
         """The record with the largest `upto` among `(upto, prefix_hash)` candidates, if any."""
         if not candidates:

@@ -18,7 +18,7 @@ from typing import Any
 
 from shared.errors import ConfigError, NotFound, StoreUnavailable
 from shared.store import keys
-from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 from shared.store.directory import Directory
 from shared.summaries import SummaryBook, SummaryRecord
 
@@ -118,7 +118,7 @@ class RecordStore:
         if not held:
             self.directory.drop(tenant, conv_id, [prefix_hash])
 
-    @guarded
+    @guarded_read
     def _holds(self, tenant: str, conv_id: str, prefix_hash: str) -> bool:
         return self._r.zscore(keys.conv_index(tenant, conv_id), prefix_hash) is not None
 
@@ -127,7 +127,7 @@ class RecordStore:
         copy, from the tenant's directory)."""
         return self.directory.get(tenant, prefix_hash)
 
-    @guarded
+    @guarded_read
     def best(
         self,
         tenant: str,
@@ -153,7 +153,7 @@ class RecordStore:
         """Every record the conversation's index points at, as a `SummaryBook`."""
         return SummaryBook(self._records(tenant, conv_id))
 
-    @guarded
+    @guarded_read
     def list(self, tenant: str, conv_id: str) -> builtins.list[SummaryRecord]:
         """The conversation's records, lowest upto first (for the GET route)."""
         return self._records(tenant, conv_id)

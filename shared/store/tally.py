@@ -22,7 +22,7 @@ from typing import Any
 from shared.messages import Message
 from shared.store import keys
 from shared.store.chain import EMPTY
-from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 
 # KEYS: tally, info, messages, hashes. ARGV: ttl ms, counter id, hash, head end, n, then n
 # cumulative counts (ARGV[6..5+n]). Written only if the stored messages are still the ones counted.
@@ -77,7 +77,7 @@ class Tally:
         self._ttl = ttl_ms(retention_s)
         self._rebuild = client.register_script(REBUILD)
 
-    @guarded
+    @guarded_read
     def tip(self, tenant: str, conv_id: str, *, counter: str, tail: int) -> Tip:
         """Length, last prefix hash, model, the last `tail` messages and the tally's total."""
         pipe = self._r.pipeline(transaction=True)
@@ -111,7 +111,7 @@ class Tally:
             bound=bound is None or text(bound) != "0",
         )
 
-    @guarded
+    @guarded_read
     def read(self, tenant: str, conv_id: str, *, start: int, stop: int) -> list[Message]:
         """Stored messages [start, stop) (no existence check: the caller read the tip)."""
         if stop <= start:
@@ -119,7 +119,7 @@ class Tally:
         raw = self._r.lrange(keys.conv_messages(tenant, conv_id), start, stop - 1)
         return [json.loads(m) for m in raw]
 
-    @guarded
+    @guarded_read
     def at(self, tenant: str, conv_id: str, positions: Sequence[int]) -> list[int]:
         """The tally at each position (the count of the first `p` messages; 0 for p = 0)."""
         key = keys.conv_tally(tenant, conv_id)

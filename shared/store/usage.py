@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from shared.errors import ConfigError
 from shared.store import keys
-from shared.store.client import Client, guarded, text
+from shared.store.client import Client, guarded, guarded_read, text
 
 # KEYS: usage hash. ARGV: input tokens, output tokens, cost, summaries. `UsageStore.add` as one
 # script, for pipelines that cannot hold a MULTI (`shared.store.claims`).
@@ -50,7 +50,7 @@ class UsageStore:
         pipe.hincrby(key, "summaries", summaries)
         pipe.execute()
 
-    @guarded
+    @guarded_read
     def get(self, tenant: str) -> Usage:
         """The tenant's totals (all zero before its first summary)."""
         raw = {text(k): text(v) for k, v in self._r.hgetall(keys.usage(tenant)).items()}

@@ -82,6 +82,24 @@ def test_failed_send_frees_the_claim(store: Store, tenant: str) -> None:
     assert trigger.claim(job(tenant), "ahead", None, step=1) is not None
 
 
+def test_a_refused_job_is_kept_for_the_reapers_and_logged_once(
+    store: Store, tenant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the broker down, every refused send keeps the conversation's latest job in Redis
+    (one entry per conversation) and only the first is logged as `summary.enqueue_failed`."""
+    queue = f"q-{tenant}"
+    trigger = SummaryTrigger(store, Recorder(fail=True), queue=queue)
+    for step in (1, 2, 3):  # the conversation grows while the broker is down
+        claim = trigger.claim(job(tenant), "ahead", None, step=step)
+        assert claim is not None and trigger.send(claim) is False
+    other = trigger.claim(job(tenant, "c2"), "stale", None, step=1)
+    assert other is not None and trigger.send(other) is False
+    kept = {(j.conversation_id, j.priority) for j in store.unsent.due(queue, 10)}
+    assert kept == {("c1", PRIORITY_AHEAD), ("c2", PRIORITY_STALE)}
+    said = capsys.readouterr()
+    assert (said.out + said.err).count("summary.enqueue_failed") == 2
+
+
 def test_size_steps_are_five_percent_of_the_budget() -> None:
     """A conversation's size state changes every 5% of the budget."""
     assert [size_step(t, 100_000) for t in (0, 4_999, 5_000, 75_000)] == [0, 0, 1, 15]

@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 import redis
+from celery.worker import consumer as celery_consumer
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
 from shared.settings import Settings
 from worker.app import celery_config
-from worker.broker import TRANSPORT, Transport, transport_for
+from worker.broker import RECONNECT_S, TRANSPORT, Consumer, Transport, transport_for
 
 
 @pytest.fixture
@@ -80,3 +81,24 @@ def test_the_guard_is_used_for_plain_redis_brokers_only() -> None:
 def test_the_worker_reconnects_to_the_broker_forever() -> None:
     """Celery would give up after 100 reconnects (~45 min) and exit; ours never does."""
     assert celery_config(Settings())["broker_connection_max_retries"] is None
+
+
+def test_the_consumer_tries_a_lost_broker_every_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' consumer reconnects every RECONNECT_S, not on Celery's 2, 4, 6 ... 30 s."""
+    config = celery_config(Settings())
+    assert config["worker_consumer"] == "worker.broker:Consumer"
+    assert config["worker_enable_prefetch_count_reduction"] is False  # celery#9512
+    seen: dict[str, Any] = {}
+
+    class Conn:
+        def ensure_connection(self, *args: Any, **kwargs: Any) -> str:
+            seen.update(kwargs)
+            return "connected"
+
+    def celerys(self: Any, conn: Any) -> Any:
+        return conn.ensure_connection(None, None, callback=None)  # as Celery calls it
+
+    monkeypatch.setattr(celery_consumer.Consumer, "ensure_connected", celerys)
+    consumer = Consumer.__new__(Consumer)
+    assert consumer.ensure_connected(Conn()) == "connected"
+    assert seen["interval_step"] == seen["interval_max"] == RECONNECT_S == 1.0

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from shared.service.jobs import PRIORITY_AHEAD
+from shared.settings import Settings
 from shared.store import Store, Ticket
 from tests.brokerbackend import unreachable_broker
 from tests.fakellm import FakeLLM
@@ -44,12 +46,7 @@ def test_a_job_the_broker_refuses_waits_for_the_next_sweep(
     ticket = Ticket("lost-task-2", settings.summary_queue, {"tenant": tenant}, retries=0)
     store.inflight.register(ticket, 0.01)
     time.sleep(0.05)
-    app = make_app(settings)
-    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
-    try:
-        assert Reaper(app, store, settings.summary_queue, 0.2).sweep() == 0
-    finally:
-        app.close()
+    assert _sweep_with_the_broker_down(store, settings) == 0
     assert store.inflight.running(settings.summary_queue) == 1
     time.sleep(0.25)
     (back,) = store.inflight.reap(settings.summary_queue)
@@ -75,3 +72,33 @@ def test_a_job_lost_too_often_is_dead_lettered_without_calling(
     (letter,) = store.dead_letters.list(tenant)
     assert "lost 3 times" in letter.error and letter.attempts == 4
     wait_until(lambda: store.inflight.running(settings.summary_queue) == 0, 5, "no entry left")
+
+
+def test_jobs_the_api_could_not_send_are_sent_once_the_broker_answers(
+    store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
+) -> None:
+    """A job kept while the broker was down (`Unsent.keep`, as the API does) stays kept while
+    the broker refuses it, then the next sweep sends it and a worker summarizes it: no new turn
+    needed; nothing is left kept afterwards."""
+    settings = worker_settings(redis_url, fake)
+    store.conversations.append(tenant, "c1", chat(30))
+    job = job_for(store, tenant, "c1", model)
+    assert store.unsent.keep(settings.summary_queue, job.to_kwargs(), PRIORITY_AHEAD)
+    down = worker_settings(redis_url, None, broker_url=unreachable_broker())
+    assert _sweep_with_the_broker_down(store, down, settings.summary_queue) == 0
+    assert store.unsent.count(settings.summary_queue) == 1
+    app = app_for(settings)
+    with running_worker(app):
+        assert Reaper(app, store, settings.summary_queue, 60.0).sweep() == 1
+        wait_until(lambda: store.records.best(tenant, "c1") is not None, 20, "the summary")
+    assert store.unsent.count(settings.summary_queue) == 0 and len(fake.calls) == 1
+
+
+def _sweep_with_the_broker_down(store: Store, settings: Settings, queue: str = "") -> int:
+    """One sweep of `queue` (the settings' by default) by a reaper whose broker never answers."""
+    app = make_app(settings)
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
+    try:
+        return Reaper(app, store, queue or settings.summary_queue, 0.2).sweep()
+    finally:
+        app.close()

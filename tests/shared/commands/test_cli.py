@@ -120,16 +120,17 @@ def test_a_malformed_setting_is_one_line_not_a_traceback(
     assert err.startswith("prefit: invalid settings: ") and said in err, err
 
 
-def test_up_takes_the_old_workers_flag_with_a_warning(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_up_sets_api_processes_and_summary_workers_apart(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`--workers N` still sets the API processes, and says to use `--api-workers`."""
-    started: list[int] = []
-    monkeypatch.setattr(cli, "run_up", lambda opts, *a: started.append(opts.workers) or 0)
+    """`--api-workers N` sets the API processes, `--workers N` the summary worker processes."""
+    started: list[tuple[int, int]] = []
+    monkeypatch.setattr(
+        cli, "run_up", lambda opts, *a: started.append((opts.workers, opts.summary_workers)) or 0
+    )
     for argv in (["up"], ["up", "--api-workers", "3"], ["up", "--workers", "2"]):
         assert cli._up(cli.build_parser().parse_args(argv), Settings(api_keys="t:k")) == 0
-    assert started == [1, 3, 2]
-    assert capsys.readouterr().err.count("--workers is deprecated, use --api-workers") == 1
+    assert started == [(1, 1), (3, 1), (1, 2)]
 
 
 def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,6 +141,21 @@ def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) 
     (argv,) = execed
     assert argv[1:6] == ["-m", "celery", "-A", "worker.app", "worker"]
     assert argv[argv.index("-c") + 1] == "7" and argv[argv.index("-P") + 1] == "threads"
+
+
+def test_worker_takes_a_node_name_or_makes_a_unique_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefit worker -n NAME` passes the Celery node name; without it every worker gets its
+    own `prefit-<random>@%h`, so two on one host never share a pidbox queue."""
+    execed: list[list[str]] = []
+    monkeypatch.setattr(cli, "_exec", execed.append)
+    cli.main(["worker", "-n", "extra@%h"])
+    cli.main(["worker", "--name", "other@box"])
+    cli.main(["worker"])
+    cli.main(["worker"])
+    names = [argv[argv.index("-n") + 1] for argv in execed]
+    assert names[:2] == ["extra@%h", "other@box"]
+    assert all(n.startswith("prefit-") and n.endswith("@%h") for n in names[2:])
+    assert names[2] != names[3]
 
 
 def test_inspect_is_handed_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:

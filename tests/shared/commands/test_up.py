@@ -193,6 +193,28 @@ def test_up_restarts_a_dead_child_until_told_to_stop(
     assert not any(_alive(c.proc.pid) for c in children)
 
 
+def test_up_starts_as_many_summary_workers_as_asked_each_with_its_own_name(
+    monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    """`--workers 3`: three worker children beside the API, each with a node name of its own."""
+    spawned: list[tuple[str, list[str]]] = []
+    real_spawn = Supervisor.spawn
+
+    def spawn(self: Supervisor, name: str, argv: list[str], env: dict[str, str]) -> service.Child:
+        spawned.append((name, argv))
+        if name == "api":
+            os.kill(os.getpid(), signal.SIGTERM)  # everything is started: stop
+        return real_spawn(self, name, SLEEPER, env)
+
+    monkeypatch.setattr(Supervisor, "spawn", spawn)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    opts = UpOptions("127.0.0.1", free_port(), grace_s=2, summary_workers=3)
+    assert service.run_up(opts, Settings(), {}, io.StringIO()) == 0
+    assert [name for name, _ in spawned] == ["worker-1", "worker-2", "worker-3", "api"]
+    names = {argv[argv.index("-n") + 1] for name, argv in spawned if name != "api"}
+    assert len(names) == 3 and all(n.startswith("prefit-") for n in names)
+
+
 @needs_redis_server
 def test_up_starts_and_stops_an_embedded_redis(monkeypatch: pytest.MonkeyPatch) -> None:
     """Without REDIS_URL, `up` runs its own Redis, hands its URL to the children, then stops it."""

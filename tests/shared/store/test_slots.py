@@ -37,6 +37,7 @@ from shared.store import (
     records,
     scripts,
     tally,
+    unsent,
     usage,
 )
 from shared.store.increments import SINCE, Increments
@@ -47,7 +48,10 @@ from shared.summaries import SummaryRecord
 from tests.redisbackend import require_redis_server
 from tests.shared.store.helpers import chat, tenant_keys
 
-MODULES = (blocks, breaker, calibration, claims, directory, inflight, leases, records, tally, usage)
+MODULES = (
+    blocks, breaker, calibration, claims, directory, inflight, leases, records, tally, unsent,
+    usage,
+)  # fmt: skip
 # pieces of Lua that scripts are made of, never run alone
 FRAGMENTS = {
     scripts.PUSH, scripts.UNLINK, scripts.TOUCH, scripts.META, scripts.CHAIN, scripts.MEASURE,
@@ -148,6 +152,10 @@ def _jobs(store: Store, tenant: str, conv: str, h: list[str]) -> None:
     store.blocks.get(tenant, conv)
     store.blocks.claim_enqueue(tenant, conv, "ahead-3", "none", 5)
     store.leases.clear_enqueue(tenant, conv, "ahead-3")
+    store.unsent.keep(queue, {"tenant": tenant, "conversation_id": conv}, 0)
+    (kept,) = store.unsent.due(queue, 10)
+    store.unsent.sent(queue, kept)
+    store.unsent.count(queue)
 
 
 @dataclass

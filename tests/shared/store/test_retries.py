@@ -1,0 +1,105 @@
+"""Store calls on a cluster retry what is safe to run again, within the deadline: reads on any
+fault, writes only on refusals or a connection never made; a standalone client never retries."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+
+import pytest
+import redis
+from redis.exceptions import MovedError
+
+from shared.errors import StoreUnavailable
+from shared.store.client import (
+    Client,
+    connect,
+    guarded,
+    guarded_read,
+    never_sent,
+    retry_within,
+    retryable,
+)
+
+REFUSED_CONNECT = redis.ConnectionError("Error 111 connecting to 127.0.0.1:1. Connection refused.")
+DROPPED = redis.ConnectionError("Connection closed by server.")
+
+
+class Flaky:
+    """Calls that fail with `errors` in turn, then answer "ok"; `_r` is the client `guarded`
+    looks at."""
+
+    def __init__(self, client: Client, *errors: Exception) -> None:
+        self._r = client
+        self.errors = list(errors)
+        self.calls = 0
+
+    def _next(self) -> str:
+        self.calls += 1
+        if self.errors:
+            raise self.errors.pop(0)
+        return "ok"
+
+    @guarded
+    def write(self) -> str:
+        return self._next()
+
+    @guarded_read
+    def read(self) -> str:
+        return self._next()
+
+
+@pytest.fixture(scope="module")
+def cluster_client(cluster_url: str) -> Iterator[Client]:
+    client = connect(cluster_url, cluster=True)
+    yield client
+    client.close()
+
+
+def test_what_is_safe_to_run_again() -> None:
+    """Refusals and connections never made are safe for writes; anything is for reads."""
+    moved = MovedError("3999 127.0.0.1:6381")
+    assert retryable(moved, reads=False) and retryable(REFUSED_CONNECT, reads=False)
+    assert never_sent(redis.TimeoutError("Timeout connecting to server"))
+    assert not retryable(DROPPED, reads=False)
+    assert not retryable(redis.TimeoutError("Timeout reading from socket"), reads=False)
+    assert retryable(DROPPED, reads=True)
+
+
+def test_a_write_is_retried_after_a_redirection_but_not_after_a_dropped_reply(
+    cluster_client: Client,
+) -> None:
+    """MOVED twice, then the answer; a connection dropped mid-write is reported at once."""
+    moved = Flaky(cluster_client, MovedError("1 127.0.0.1:1"), MovedError("1 127.0.0.1:1"))
+    assert moved.write() == "ok" and moved.calls == 3
+    dropped = Flaky(cluster_client, DROPPED)
+    with pytest.raises(StoreUnavailable):
+        dropped.write()
+    assert dropped.calls == 1
+    read = Flaky(cluster_client, DROPPED)
+    assert read.read() == "ok" and read.calls == 2
+
+
+def test_retries_stop_at_the_deadline(cluster_client: Client) -> None:
+    """With no time left (the request's deadline), a refusal is reported without a retry."""
+    flaky = Flaky(cluster_client, MovedError("1 127.0.0.1:1"))
+
+    def spent() -> str:
+        retry_within(lambda: 0.0)
+        return flaky.read()
+
+    with pytest.raises(StoreUnavailable):
+        contextvars.copy_context().run(spent)
+    assert flaky.calls == 1
+
+
+def test_a_standalone_client_never_retries(redis_url: str) -> None:
+    """On a standalone Redis the first fault is the answer (there is no topology to refresh)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        flaky = Flaky(client, REFUSED_CONNECT)
+        with pytest.raises(StoreUnavailable):
+            flaky.read()
+        assert flaky.calls == 1
+    finally:
+        client.close()
