@@ -140,7 +140,7 @@ def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(cli, "_exec", execed.append)
     cli.main(["worker", "--concurrency", "7"])
     (argv,) = execed
-    assert argv[1:6] == ["-m", "celery", "-A", "worker.app", "worker"]
+    assert argv[1:7] == ["-m", "celery", "--quiet", "-A", "worker.app", "worker"]
     assert argv[argv.index("-c") + 1] == "7" and argv[argv.index("-P") + 1] == "threads"
 
 
