@@ -26,6 +26,7 @@ from shared.messages import groups, validate
 from shared.settings import Settings
 from tests.conftest import ROOT, needs_transcripts, transcript_files
 from tests.redisbackend import needs_redis_server
+from tests.shared.commands.test_up_logs import start_up
 
 
 class FakeService:
@@ -309,17 +310,9 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
     """`prefit up` answers /healthz, serves `prefit demo --generate`, and on SIGINT exits 0
     leaving no child process and no Redis behind."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PREFIT_REDIS_URL")}
-    env.update(PREFIT_API_KEYS="demo:demo-key", PREFIT_WORKER_CONCURRENCY="4")
+    env = {"PREFIT_API_KEYS": "demo:demo-key", "PREFIT_WORKER_CONCURRENCY": "4"}
     env.update(PREFIT_MODELS='{"gpt-4o": {"max_input_tokens": 16000}}')
-    up = subprocess.Popen(
-        [sys.executable, "-m", "shared.commands.cli", "up", "--port", str(port), "--grace", "10"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    up = start_up(port, **env)
     try:
         _wait_healthy(up, f"http://127.0.0.1:{port}/healthz")
         children = _descendants(up.pid)
@@ -341,7 +334,7 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
                 "demo-key",
                 "--no-color",
             ],
-            env=env,
+            env={**os.environ, **env},
             cwd=ROOT,
             capture_output=True,
             text=True,

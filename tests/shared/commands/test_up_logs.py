@@ -27,6 +27,21 @@ KEY = "logs-key"
 STARTUP_AND_STOP_LINES = 30  # child starts, the banner, uvicorn's and Celery's few, the stops
 
 
+def start_up(port: int, **env: str) -> subprocess.Popen[str]:
+    """`prefit up` on `port` with a Redis of its own, as a person runs it (log settings left
+    to their defaults), `env` added; its stdout and stderr on one pipe."""
+    dropped = ("REDIS_URL", "PREFIT_REDIS_URL", "PREFIT_LOG_JSON", "PREFIT_LOG_LEVEL")
+    environment = {k: v for k, v in os.environ.items() if k not in dropped}
+    return subprocess.Popen(
+        [sys.executable, "-m", "shared.commands.cli", "up", "--port", str(port), "--grace", "10"],
+        env={**environment, **env},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def conversation() -> list[Message]:
     """The demo's agent session, long enough for summaries at 16k, each text marked."""
     messages, _ = generate_conversation(30)
@@ -96,20 +111,11 @@ def test_up_writes_one_structured_line_per_request_and_per_summary_job() -> None
     one `request.completed` per request, one `summary.task_finished` per job enqueued, no
     line of Celery's per task, and not a word of the conversation anywhere."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PREFIT_REDIS_URL")}
-    env.pop("PREFIT_LOG_JSON", None)
-    env.update(
+    up = start_up(
+        port,
         PREFIT_API_KEYS=f"t:{KEY}",
         PREFIT_MODELS='{"gpt-4o": {"max_input_tokens": 16000}}',
         PREFIT_WORKER_CONCURRENCY="4",
-    )
-    up = subprocess.Popen(
-        [sys.executable, "-m", "shared.commands.cli", "up", "--port", str(port), "--grace", "10"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
     out = Output(up)
     try:
