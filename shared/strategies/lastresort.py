@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from shared.messages import Message
-from shared.strategies.drop import drop_runs, latest_request, marker_counts
+from shared.strategies.drop import drop_runs, droppable, latest_request, marker_counts
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.truncate import TruncateToolResults
 from shared.strategies.work import Work
@@ -70,7 +70,9 @@ def shorten_protected(work: Work, budget: int) -> None:
 def shed_kept(work: Work, budget: int) -> None:
     """Over `budget` still: drop the latest request `DropOldest` kept, then its markers."""
     work.align()
-    at = _kept_request(work)
+    # only what DropOldest kept past everything else it could drop: with older turns still
+    # in (strategies without DropOldest), the latest request is not the one to go
+    at = None if droppable(work) else _kept_request(work)
     if work.tokens() > budget and at is not None:
         before, request = work.tokens(), work.origin[at]
         drop_runs(work, work.messages, work.origin, [(at, at + 1)])

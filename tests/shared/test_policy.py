@@ -577,3 +577,13 @@ def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> Non
         if m["role"] == "function":
             assert out.messages[k - 1].get("function_call") is not None
     assert out.messages[-4:] == msgs[-4:]
+
+
+def test_the_latest_request_stays_while_older_turns_are_in() -> None:
+    """Strategies that drop nothing leave older turns in: a refusal, not a prompt without the
+    user's latest request but with what came before it."""
+    msgs = two_runs_around_the_latest_request()
+    budget = COUNTER.count(msgs, (), None) - 100  # without the request (158 tokens) it fits
+    policy = ContextPolicy(budget + 1024, counter=COUNTER, reserve_output=1024, strategies=[])
+    with pytest.raises(DoesNotFit):
+        run(policy.prepare(msgs))
