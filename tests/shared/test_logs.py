@@ -17,13 +17,18 @@ from shared.logs import HANDLER_NAME, QUIETED, route_stdlib, stdlib_formatter
 def routed() -> Iterator[None]:
     """The root logger routed through structlog for one test, then as it was."""
     root = logging.getLogger()
-    level, levels = root.level, {n: logging.getLogger(n).level for n in QUIETED}
+    names = (*QUIETED, "uvicorn", "uvicorn.error", "celery.apps.worker")
+    saved = {n: (logging.getLogger(n).level, logging.getLogger(n).disabled) for n in names}
+    level = root.level
+    for name in names[len(QUIETED) :]:  # as a fresh process has them (uvicorn servers in
+        logging.getLogger(name).setLevel(logging.NOTSET)  # earlier tests set WARNING)
     yield
     for handler in [h for h in root.handlers if h.get_name() == HANDLER_NAME]:
         root.removeHandler(handler)
     root.setLevel(level)
-    for name, old in levels.items():
+    for name, (old, disabled) in saved.items():
         logging.getLogger(name).setLevel(old)
+        logging.getLogger(name).disabled = disabled
 
 
 def test_uvicorn_and_celery_records_become_json_lines(
