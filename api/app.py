@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 
 import structlog
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, routes
@@ -94,7 +95,9 @@ def create_app(
             await services.aclose()
             services.close(close_store=owns_store)
 
-    app = FastAPI(title="prefit", version="1", description=DESCRIPTION, lifespan=lifespan)
+    # /docs and /redoc with Swagger UI's and ReDoc's files served by the app itself (under
+    # /static-offline-docs), not from a CDN: the docs work on a host without internet
+    app = FastAPIOffline(title="prefit", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.services = services
     errors.install(app)
     app.include_router(routes.router)

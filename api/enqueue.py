@@ -159,7 +159,7 @@ class SummaryTrigger:
         tenant, conv_id = job.tenant, job.conversation_id
         claimed = self._store.blocks.claim_enqueue(tenant, conv_id, marker, origin(best), ttl)
         if claimed < 0:  # its summary failed lately (shared.store.blocks): not before the backoff
-            log.info("summary.enqueue_blocked", tenant=tenant, conversation_id=conv_id, kind=kind)
+            log.debug("summary.enqueue_blocked", tenant=tenant, conversation_id=conv_id, kind=kind)
             return None
         if not claimed:
             return None
@@ -181,7 +181,7 @@ class SummaryTrigger:
                 self._store.leases.clear_enqueue(job.tenant, job.conversation_id, claim.marker)
             self._sent(claim.kind, False)
             return False
-        log.info("summary.enqueued", **ids, length=job.length, priority=PRIORITY[claim.kind])
+        log.debug("summary.enqueued", **ids, length=job.length, priority=PRIORITY[claim.kind])
         self._sent(claim.kind, True)
         return True
 

@@ -29,7 +29,7 @@ from shared.strategies import (
     TruncateToolResults,
     Work,
 )
-from shared.strategies.lastresort import FLOOR_CHARS, shorten_protected
+from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
 from shared.strategies.work import SizeMemo, measure
 from shared.summaries import SummaryBook, SummaryRecord
 from shared.summarizers import Summarizer, as_summarizer
@@ -215,6 +215,7 @@ class ContextPolicy:
         counter = self._counter(model)
         head = self.head(messages)
         report = new_report(limits, self.trigger, before, pressure, head)
+        report["window"] = limits.budget + self.reserve_output  # the one in force, for callers
         if before <= self.trigger * limits.budget:
             report.update(tokens_after=before, changed=False)
             return Prepared(messages, report)
@@ -342,6 +343,8 @@ class ContextPolicy:
         budget = work.limits.budget
         if work.tokens() > budget:
             shorten_protected(work, budget)
+        if work.tokens() > budget:
+            shed_kept(work, budget)
         after = work.tokens()
         if after > budget:
             raise does_not_fit(work, after, FLOOR_CHARS)

@@ -32,11 +32,16 @@ class Built:
 
 
 def summary_message(record: SummaryRecord, start: int) -> Message:
-    """The message that stands for `transcript[start:record.upto]`; byte-stable per record."""
+    """The message that stands for `transcript[start:record.upto]`; byte-stable per record.
+
+    `upto` is an exclusive end, as in the reference (`T[head_end:upto]`); the text numbers
+    messages as a person counts them, from 1 and inclusive, so that range reads "messages
+    start + 1 to upto" (a record with `upto` 112 after a one-message head: "2 to 112").
+    """
     return {
         "role": "user",
         "content": (
-            f"[Summary of messages {start} to {record.upto - 1} of this conversation, "
+            f"[Summary of messages {start + 1} to {record.upto} of this conversation, "
             f"which were removed to save context]\n{record.text}"
         ),
     }

@@ -1,4 +1,4 @@
-"""Shared fixtures: real transcripts, offline tiktoken, a Redis of the suite's own."""
+"""Shared fixtures: real transcripts, tiktoken's files, a Redis of the suite's own."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from shared.head import head_end
 from shared.messages import Message, groups
@@ -19,8 +20,17 @@ from tests.redisbackend import FakeRedisServer, backend, describe, require_clust
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
-TRANSCRIPTS = SHARED / "transcripts"
+# the few transcripts a clone carries (see NOTICE); all of them when ../shared is beside it
+REPO_TRANSCRIPTS = ROOT / "transcripts"
+TRANSCRIPTS = SHARED / "transcripts" if (SHARED / "transcripts").is_dir() else REPO_TRANSCRIPTS
 TIKTOKEN_DIR = SHARED / "tiktoken"
+
+# CI: the same examples on every run, whatever ran before (no example database), and a
+# failure printed with the `@reproduce_failure` line that replays it anywhere (README, Tests)
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.load_profile(
+    os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default")
+)
 
 if (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
     # offline encodings for every Settings() the suite builds (no network at test time)
@@ -28,8 +38,9 @@ if (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
 
 
 def transcript_files() -> list[Path]:
-    """Every real transcript beside the repository (empty when ../shared is absent)."""
-    return sorted(TRANSCRIPTS.glob("*.json")) if TRANSCRIPTS.is_dir() else []
+    """Every real transcript: ../shared's when it is beside the repository, else the
+    repository's own (`transcripts/`), so a fresh clone runs the real-data tests too."""
+    return sorted(TRANSCRIPTS.glob("*.json"))
 
 
 def load_transcript(path: Path) -> dict[str, Any]:
@@ -53,20 +64,28 @@ def long_session(target: int = 1000) -> list[Message]:
 
 
 needs_transcripts = pytest.mark.skipif(
-    not transcript_files(),
-    reason="../shared/transcripts is absent (a fresh clone): real-data tests skipped",
-)
-needs_tiktoken = pytest.mark.skipif(
-    not (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file(),
-    reason="../shared/tiktoken is absent: exact-count tests need its offline encodings",
+    not transcript_files(), reason=f"no transcripts in {TRANSCRIPTS}: real-data tests skipped"
 )
 
 
 @pytest.fixture(scope="session")
-def tiktoken_dir() -> Path:
-    if not (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
-        pytest.skip("../shared/tiktoken is absent: exact-count tests need its offline encodings")
-    return TIKTOKEN_DIR
+def tiktoken_dir(request: pytest.FixtureRequest) -> Path:
+    """A folder of tiktoken's encoding files: ../shared/tiktoken (offline), else the files
+    `prefit encodings` downloads (SHA-256 checked) into pytest's cache; the test skips only
+    when there are no offline files and the encodings cannot be downloaded."""
+    if (TIKTOKEN_DIR / "o200k_base.tiktoken").is_file():
+        return TIKTOKEN_DIR
+    from shared.commands.encodingfiles import install_encodings
+    from shared.errors import ConfigError
+
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider
+    factory: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+    into = cache.mkdir("tiktoken") if cache is not None else factory.mktemp("tiktoken")
+    try:
+        install_encodings(into)
+    except ConfigError:
+        pytest.skip("../shared/tiktoken is absent and tiktoken cannot download its encodings")
+    return Path(into)
 
 
 def pytest_report_header() -> list[str]:

@@ -145,7 +145,9 @@ def check_app(services: dict[str, Any], store: str, broker: str) -> None:
     assert "urllib" in probe and "127.0.0.1:8000/readyz" in probe
     worker_probe = " ".join(services["worker"]["healthcheck"]["test"])
     assert "celery -A worker.app inspect ping" in worker_probe
-    assert "-d celery@$HOSTNAME" in worker_probe  # this worker, not any worker
+    # this worker, not any worker: the node name its command sets (one per container's host)
+    assert services["worker"]["command"][-2:] == ["-n", "prefit@%h"]
+    assert "-d prefit@$HOSTNAME" in worker_probe
     assert services["api"]["deploy"]["replicas"] == 2
     assert services["api"]["expose"] == ["8000"]
 

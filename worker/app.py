@@ -14,11 +14,10 @@ task writes to the store. The broker is Redis or RabbitMQ (`shared.service.broke
 from __future__ import annotations
 
 import gc
-import logging
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_init, worker_ready, worker_shutdown
+from celery.signals import celeryd_init, setup_logging, worker_init, worker_ready, worker_shutdown
 
 from shared.logs import configure_logging, get_logger
 from shared.service.broker import broker_kind, celery_options, consumer_timeout_note
@@ -129,13 +128,18 @@ runtime = Runtime(settings)
 app = make_app(settings, runtime=runtime)
 
 
-@worker_init.connect  # type: ignore[untyped-decorator]
-def _configure_logging(sender: Any = None, **_: Any) -> None:
-    """Structured logs for the command-line worker (in-process test workers keep theirs)."""
-    if getattr(sender, "app", None) is app:
+@celeryd_init.connect  # type: ignore[untyped-decorator]
+def _configure_logging(sender: Any = None, instance: Any = None, **_: Any) -> None:
+    """Structured logs for the command-line worker (in-process test workers keep theirs),
+    before Celery checks its privileges (its SecurityWarning as root becomes one line) and
+    in place of Celery's own logging set-up: its records go through structlog too."""
+    if getattr(instance, "app", None) is app:
         configure_logging(json=settings.log_json, level=settings.log_level)
-        # one INFO line per summarizer request is noise; failures are logged by the client
-        logging.getLogger("httpx").setLevel(logging.WARNING)
+        setup_logging.connect(_logging_is_ours, weak=False)
+
+
+def _logging_is_ours(**_: Any) -> None:
+    """A receiver of `setup_logging`: Celery then leaves the root logger as configured."""
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

@@ -87,7 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--url", help="the service's base URL (default: http://127.0.0.1:PREFIT_PORT, as `up`)"
     )
     demo.add_argument("--model", default="gpt-4o")
-    demo.add_argument("--window", type=_positive, default=16000, help="max input tokens")
+    demo.add_argument(
+        "--window", type=_positive, help="max input tokens (default: the service's, PREFIT_MODELS)"
+    )
     demo.add_argument("--api-key", help="bearer key (default: the first of PREFIT_API_KEYS)")
     demo.add_argument("--conversation", default="", help="conversation id (default: random)")
     demo.add_argument("--wait-ms", type=int, default=0, help="prepare may wait for a summary")

@@ -34,7 +34,7 @@ _SHORT = {
 @dataclass(frozen=True)
 class DemoOptions:
     model: str = "gpt-4o"
-    window: int = 16000
+    window: int | None = None  # None: the service's window for `model` (PREFIT_MODELS)
     conversation_id: str = ""
     wait_ms: int = 0
     pace_s: float = 0.0  # pause between turns, as a user would
@@ -61,16 +61,7 @@ def replay(
     """Replay `messages` turn group by turn group; return the exit code."""
     conv = opts.conversation_id or f"demo-{uuid.uuid4().hex[:8]}"
     spans = groups(messages)
-    print(
-        f"conversation {conv}: {len(messages)} messages in {len(spans)} turns, "
-        f"model {opts.model}, window {opts.window:,} tokens",
-        file=out,
-    )
-    print(
-        "columns: turn, what it added, prepared prompt / window of the stored conversation's "
-        "tokens, state, summary used, other strategies, prepare latency",
-        file=out,
-    )
+    window = opts.window  # the service says which one is in force with its first prepare
     last_upto: int | None = None
     latencies: list[float] = []
     landed = 0
@@ -86,14 +77,20 @@ def replay(
                 max_input_tokens=opts.window,
             )
         except DoesNotFit as exc:
+            if k == 1:
+                _header(out, conv, messages, spans, opts.model, window)
             print(f"{_turn(k, len(spans), messages[i])}  does not fit: {exc}", file=out)
             continue
         latencies.append((time.perf_counter() - started) * 1000)
+        if k == 1:
+            window = _window_in_force(prepared, window)
+            _header(out, conv, messages, spans, opts.model, window)
         upto = _upto(prepared)
         new = upto is not None and upto != last_upto
         landed += new
         last_upto = upto
-        line = _line(_turn(k, len(spans), messages[i]), appended, prepared, latencies[-1], opts)
+        turn = _turn(k, len(spans), messages[i])
+        line = _line(turn, appended, prepared, latencies[-1], window, opts.color)
         print(_highlight(line, opts.color) if new else line, file=out, flush=True)
         if opts.pace_s:
             time.sleep(opts.pace_s)
@@ -104,6 +101,33 @@ def replay(
             file=out,
         )
     return 0
+
+
+def _header(
+    out: TextIO,
+    conv: str,
+    messages: list[Message],
+    spans: list[tuple[int, int]],
+    model: str,
+    window: int | None,
+) -> None:
+    in_force = f"window {window:,} tokens" if window else "window unknown"
+    print(
+        f"conversation {conv}: {len(messages)} messages in {len(spans)} turns, "
+        f"model {model}, {in_force}",
+        file=out,
+    )
+    print(
+        "columns: turn, what it added, prepared prompt / window of the stored conversation's "
+        "tokens, state, summary used, other strategies, prepare latency",
+        file=out,
+    )
+
+
+def _window_in_force(prepared: PreparedPrompt, asked: int | None) -> int | None:
+    """The window the service fitted to (its report's), else the one the demo asked for."""
+    window = prepared.report.get("window")
+    return int(window) if isinstance(window, int) and window > 0 else asked
 
 
 def _append(
@@ -143,18 +167,24 @@ def _turn(k: int, n: int, first: Message) -> str:
 
 
 def _line(
-    turn: str, appended: AppendResult, prepared: PreparedPrompt, ms: float, opts: DemoOptions
+    turn: str,
+    appended: AppendResult,
+    prepared: PreparedPrompt,
+    ms: float,
+    window: int | None,
+    color: bool,
 ) -> str:
-    filled = round(min(prepared.tokens, opts.window) / opts.window * BAR_WIDTH)
+    scale = window or max(1, prepared.tokens)
+    filled = round(min(prepared.tokens, scale) / scale * BAR_WIDTH)
     bar = "█" * filled + "░" * (BAR_WIDTH - filled)
-    if opts.color:
+    if color:
         bar = bar[:filled] + _DIM + bar[filled:] + _RESET
     upto = _upto(prepared)
     summary = f"summary@{upto}" if upto is not None else "no summary"
     if prepared.report.get("stale"):
         summary += " (stale)"
     return (
-        f"{turn} {bar} {prepared.tokens:>7,}/{opts.window:,} of {appended.tokens:>7,}  "
+        f"{turn} {bar} {prepared.tokens:>7,}/{window or 0:,} of {appended.tokens:>7,}  "
         f"{appended.state:<7}  {summary:<18} {_applied(prepared):<16} {ms:6.1f} ms"
     )
 

@@ -17,7 +17,7 @@ from shared.policy import ContextPolicy
 from shared.settings import Settings
 from shared.strategies import Work
 from shared.strategies.clear import PLACEHOLDER
-from shared.strategies.lastresort import shorten_protected
+from shared.strategies.lastresort import shed_kept, shorten_protected
 from shared.summaries import SummaryBook
 
 STYLE = {  # fate: (cell, ANSI colour)
@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             policy.cut(transcript, tools=tools, model=args.model, book=SummaryBook())
         )
         shorten_protected(work, work.limits.budget)  # as prepare does before refusing
+        shed_kept(work, work.limits.budget)
     except PrefitError as exc:
         print(f"prefit inspect: {exc}", file=sys.stderr)
         return 2

@@ -26,15 +26,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 from urllib.parse import urlsplit
 
 import httpx
+import structlog
 
 from shared.commands.redisproc import RedisProcess, reachable
 from shared.errors import ConfigError, PrefitError, StoreUnavailable
-from shared.logs import get_logger
+from shared.logs import UVICORN_LOG_CONFIG, get_logger
 from shared.settings import Settings
 
 log = get_logger(__name__)
@@ -72,13 +74,24 @@ class Child:
         self.restart_at: float | None = None  # set while dead and waiting for its restart
 
     def _popen(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             self.argv,
             env=self.env,
             stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,  # see `relay`; stderr (the log lines) is inherited
             start_new_session=True,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
+        self.relay = threading.Thread(
+            target=relay, args=(self.name, proc.stdout), name=f"prefit-{self.name}-stdout"
+        )
+        self.relay.daemon = True
+        self.relay.start()
+        return proc
+
+    def drain(self) -> None:
+        """Wait (briefly) until what the stopped child printed has been relayed."""
+        self.relay.join(timeout=2.0)
 
     def restart(self) -> None:
         self.proc = self._popen()
@@ -101,7 +114,7 @@ class Supervisor:
         grace_s: float = 10.0,
         poll_s: float = 0.2,
         backoff: Backoff | None = None,
-        say: Callable[[str], None] | None = None,
+        say: Callable[..., None] | None = None,
     ) -> None:
         self.grace_s = grace_s
         self.poll_s = poll_s
@@ -151,12 +164,13 @@ class Supervisor:
                 wait = self.backoff.delay(child.deaths)
                 child.restart_at = now + wait
                 code = child.proc.returncode
-                log.warning("service.child_exited", child=child.name, code=code, restart_in=wait)
-                self._tell(f"{child.name} exited with code {code}; restarting in {wait:g}s")
+                text = f"{child.name} exited with code {code}; restarting in {wait:g}s"
+                fields = {"child": child.name, "code": code, "restart_in": wait}
+                self._tell("service.child_exited", text, "warning", **fields)
             elif now >= child.restart_at:
                 child.restart()
-                log.info("service.child_restarted", child=child.name, pid=child.proc.pid)
-                self._tell(f"{child.name} restarted (pid {child.proc.pid})")
+                text = f"{child.name} restarted (pid {child.proc.pid})"
+                self._tell("service.child_restarted", text, child=child.name, pid=child.proc.pid)
 
     def stop(self) -> None:
         """Stop children newest first: SIGTERM their group, wait `grace_s`, then SIGKILL."""
@@ -168,11 +182,32 @@ class Supervisor:
                 log.warning("service.child_killed", child=child.name, pid=child.proc.pid)
             _signal_group(child.proc, signal.SIGKILL)  # stragglers of the group, if any
             child.proc.wait()
+            child.drain()
             log.info("service.child_stopped", child=child.name, code=child.proc.returncode)
 
-    def _tell(self, line: str) -> None:
+    def _tell(self, event: str, text: str, level: str = "info", **fields: Any) -> None:
         if self._say is not None:
-            self._say(line)
+            self._say(text, event, level, **fields)
+        else:
+            getattr(log, level)(event, **fields)
+
+
+def relay(child: str, stream: IO[bytes] | None) -> None:
+    """Copy a child's stdout to ours line by line: a structured log line as it is, any other
+    (Celery's "Warm shutdown" notice) as one `service.child_printed` line, so the operator's
+    stream stays one line per event in one format."""
+    if stream is None:
+        return
+    with stream:
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if not line.strip():
+                continue
+            if line.startswith("{") and line.endswith("}"):
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            else:
+                log.info("service.child_printed", child=child, text=line.strip())
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
@@ -199,7 +234,7 @@ def worker_argv(
     RESOURCE_LOCKED.
     """
     return [
-        sys.executable, "-m", "celery", "-A", "worker.app", "worker",
+        sys.executable, "-m", "celery", "--quiet", "-A", "worker.app", "worker",  # no banner
         "-n", name or node_name(),
         "-Q", settings.summary_queue,
         "-P", "threads",
@@ -217,9 +252,10 @@ def node_name() -> str:
 
 
 def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
-    """The uvicorn command line of the API (the API logs one line per request itself)."""
+    """The uvicorn command line of the API (the API logs one line per request itself, and
+    uvicorn's own lines are structured from the first: `UVICORN_LOG_CONFIG`)."""
     argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port)]
-    argv.append("--no-access-log")
+    argv += ["--no-access-log", "--log-config", str(UVICORN_LOG_CONFIG)]
     return argv + (["--workers", str(workers)] if workers > 1 else [])
 
 
@@ -251,7 +287,7 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
 
     A child that dies is restarted with backoff (`Backoff`); the others keep running.
     """
-    sup = Supervisor(grace_s=opts.grace_s, backoff=opts.backoff, say=lambda line: _say(out, line))
+    sup = Supervisor(grace_s=opts.grace_s, backoff=opts.backoff, say=partial(_say, out))
     redis: RedisProcess | None = None
     with sup.signals(), metrics_dir(opts.workers) as metrics:
         try:
@@ -273,14 +309,15 @@ def run_up(opts: UpOptions, settings: Settings, env: Mapping[str, str], out: Tex
                 sup.spawn("api", api_argv(opts.host, opts.port, opts.workers), api_env)
                 _banner(out, opts, settings, redis_url, redis)
                 if metrics is not None:
-                    _say(out, f"/metrics sums the {opts.workers} API processes' files in {metrics}")
+                    summed = f"/metrics sums the {opts.workers} API processes' files in {metrics}"
+                    _say(out, summed, "service.metrics_shared")
                 _wait_ready(sup, opts, out)
                 sup.watch()
         except PrefitError as exc:
-            _say(out, str(exc))
+            _say(out, str(exc), "service.failed", "error", error=type(exc).__name__)
             return 2
         finally:
-            _say(out, "stopping")
+            _say(out, "stopping", "service.stopping")
             sup.stop()
             if redis is not None:
                 redis.stop()
@@ -342,8 +379,18 @@ def metrics_dir(api_processes: int) -> Iterator[Path | None]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _say(out: TextIO, line: str) -> None:
-    print(f"prefit up: {line}", file=out, flush=True)
+def _say(
+    out: TextIO, text: str, event: str = "service.noted", level: str = "info", **kw: Any
+) -> None:
+    """One line for the operator on `out`, rendered as every other log line is (JSON, or
+    readable columns on a terminal): `event`, the sentence as `detail`, and `kw`. Shown
+    whatever PREFIT_LOG_LEVEL is, as `up`'s own word on what it started and where."""
+    logger = structlog.wrap_logger(
+        structlog.WriteLogger(out),
+        processors=structlog.get_config()["processors"],
+        wrapper_class=structlog.BoundLogger,  # not the level-filtering one
+    )
+    getattr(logger, level)(event, detail=text, **kw)
 
 
 def _redact(url: str) -> str:
@@ -360,19 +407,29 @@ def _banner(
         where = "embedded redis-server, not persisted"
     else:
         where = f"embedded redis-server, AOF in {opts.redis_dir}"
-    _say(out, f"API on http://{opts.host}:{opts.port} ({opts.workers} process(es))")
-    _say(out, f"redis {_redact(redis_url)} ({where})")
+    _say(
+        out,
+        f"API on http://{opts.host}:{opts.port} ({opts.workers} process(es))",
+        "service.api_started",
+    )
+    _say(out, f"redis {_redact(redis_url)} ({where})", "service.redis_chosen")
     broker = _redact(settings.broker_url) if settings.broker_url else "the store's Redis"
     queue = f"queue {settings.summary_queue!r} on {broker}"
     workers = f"{opts.summary_workers} worker(s)"
-    _say(out, f"{workers}: concurrency {settings.worker_concurrency} each, {queue}")
-    _say(out, f"summarizer: {describe_summarizer(settings)}")
+    _say(
+        out,
+        f"{workers}: concurrency {settings.worker_concurrency} each, {queue}",
+        "service.worker_started",
+    )
+    _say(out, f"summarizer: {describe_summarizer(settings)}", "service.summarizer_chosen")
     if not settings.models:
         _say(
             out,
             "warning: PREFIT_MODELS is empty: every model is unknown, so requests must give "
             "max_input_tokens and the proxy routes forward everything unfitted; set e.g. "
             'PREFIT_MODELS=\'{"gpt-4o": {"max_input_tokens": 128000}}\'',
+            "service.models_missing",
+            "warning",
         )
 
 
@@ -390,8 +447,9 @@ def _wait_ready(sup: Supervisor, opts: UpOptions, out: TextIO) -> None:
             )
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url, timeout=1.0).status_code == 200:
-                _say(out, f"ready at http://{host}:{opts.port} (Ctrl-C to stop)")
+                _say(out, f"ready at http://{host}:{opts.port} (Ctrl-C to stop)", "service.ready")
                 return
         time.sleep(sup.poll_s)
     if not sup.stopping:
-        _say(out, f"{url} did not answer within {READY_TIMEOUT_S:.0f}s; still waiting")
+        late = f"{url} did not answer within {READY_TIMEOUT_S:.0f}s; still waiting"
+        _say(out, late, "service.not_ready", "warning")

@@ -161,7 +161,7 @@ class _Runner:
         return status
 
     def _busy(self, holder: str | None) -> Outcome:
-        log.info("summary.busy", **self.ctx, holder=holder)
+        log.debug("summary.busy", **self.ctx, holder=holder)
         status: Status = "busy" if self.total.records == 0 else self.total.status
         return replace(self.total, status=status, holder=holder)
 
@@ -172,7 +172,7 @@ class _Runner:
         build, write."""
         conv, book = claim.conversation, claim.book
         if conv is None or book is None:
-            log.info("summary.conversation_gone", **self.ctx)
+            log.debug("summary.conversation_gone", **self.ctx)
             return self._ended("stale_job"), None
         if first and not _starts_with(conv, self.job):
             self.total = replace(self.total, prefix_changed=True)
@@ -193,7 +193,7 @@ class _Runner:
             hashes=conv.hashes,
         )
         if plan is None:
-            log.info("summary.not_due", **self.ctx, length=conv.meta.length)
+            log.debug("summary.not_due", **self.ctx, length=conv.meta.length)
             return "not_due", conv.meta
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         rng = Range(origin(plan.previous), plan.cut, plan.prefix_hash)
@@ -201,14 +201,14 @@ class _Runner:
         if existing is not None and existing.upto == plan.cut:
             held.check()
             self.store.records.put(tenant, conv_id, existing)
-            log.info("summary.linked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
+            log.debug("summary.linked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
             self._tally("exists", plan, None, wrote=False)
             return "exists", conv.meta
         if claim.blocked == rng.origin:
-            log.info("summary.blocked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
+            log.debug("summary.blocked", **self.ctx, upto=plan.cut, prefix_hash=plan.prefix_hash)
             return self._ended("blocked"), conv.meta
         if not self._may_call(self.breaker):
-            log.info("summary.breaker_open", **self.ctx, until=self.breaker.until)
+            log.debug("summary.breaker_open", **self.ctx, until=self.breaker.until)
             return self._ended("breaker_open"), conv.meta
         self.progress.range = rng
         status = await self._build(held, conv, plan, self.policy.counter)
@@ -269,7 +269,7 @@ class _Runner:
         wrote = self.store.claims.commit(tenant, conv_id, built.record, (*spent, built.cost))
         status: Status = "written" if wrote else "exists"
         self._tally(status, plan, built, wrote)
-        log.info(
+        log.debug(
             "summary.computed" if wrote else "summary.raced",
             **self.ctx,
             start=plan.start,

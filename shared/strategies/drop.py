@@ -53,10 +53,10 @@ class DropOldest:
         scale = before / max(1, sum(sizes))
         dropped = list(accumulate((sum(sizes[a:b]) for a, b in spans), initial=0))
         take = first_guess(dropped.__getitem__, len(spans), scale, before - work.limits.target)
-        _drop(work, base, origin, spans[:take])
+        drop_runs(work, base, origin, spans[:take])
         while take < len(spans) and not work.fits_target():
             take += 1
-            _drop(work, base, origin, spans[:take])
+            drop_runs(work, base, origin, spans[:take])
         work.dropped_groups += take
         work.dropped_messages += sum(b - a for a, b in spans[:take])
         work.record("DropOldest", before, groups=work.dropped_groups)
@@ -112,7 +112,7 @@ def first_guess(dropped: Callable[[int], int], count: int, scale: float, excess:
     return min(covered, count)
 
 
-def _drop(
+def drop_runs(
     work: Work, base: Sequence[Message], origin: Sequence[int], spans: list[tuple[int, int]]
 ) -> None:
     """`base` without the groups at `spans`, one marker standing for each run of them (an

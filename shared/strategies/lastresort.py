@@ -18,6 +18,12 @@ result's go last, recorded as `{"strategy": "LastResortDropParts", "saved", "mes
 [original indices], "parts": n}`. Only tool results outside the head are touched, never
 the transcript's last message, and never a `thinking`/`redacted_thinking` block (its
 signature must come back as it was sent).
+
+Only what may never be cut (the head, the recent turns, the tool specs) justifies a refusal:
+when the prompt is still over the budget after all that, what `DropOldest` kept as a courtesy
+goes before `prepare` refuses (`shed_kept`): first the user's latest request it kept between
+the head and the recent turns (its run of dropped groups joins the others behind one marker,
+`LastResortDropRequest`), then the drop markers themselves (`LastResortDropMarkers`).
 """
 
 from __future__ import annotations
@@ -26,12 +32,16 @@ import math
 from typing import Any
 
 from shared.messages import Message
+from shared.strategies.drop import drop_runs, droppable, latest_request, marker_counts
+from shared.strategies.origins import SYNTHETIC
 from shared.strategies.truncate import TruncateToolResults
 from shared.strategies.work import Work
 
 FLOOR_CHARS = 1_000
 NAME = "LastResortTruncate"
 PARTS_NAME = "LastResortDropParts"
+REQUEST_NAME = "LastResortDropRequest"
+MARKERS_NAME = "LastResortDropMarkers"
 PART_PLACEHOLDER = "[{kind} removed to save context]"
 _KEPT_PARTS = frozenset({"text", "thinking", "redacted_thinking"})
 _MAX_TRIES = 4  # estimates of one output's cut before it goes straight to the floor
@@ -55,6 +65,38 @@ def shorten_protected(work: Work, budget: int) -> None:
         work.record(NAME, before, messages=changed, floor_chars=FLOOR_CHARS)
     if work.tokens() > budget:
         _drop_parts(work, budget)
+
+
+def shed_kept(work: Work, budget: int) -> None:
+    """Over `budget` still: drop the latest request `DropOldest` kept, then its markers."""
+    work.align()
+    # only what DropOldest kept past everything else it could drop: with older turns still
+    # in (strategies without DropOldest), the latest request is not the one to go
+    at = None if droppable(work) else _kept_request(work)
+    if work.tokens() > budget and at is not None:
+        before, request = work.tokens(), work.origin[at]
+        drop_runs(work, work.messages, work.origin, [(at, at + 1)])
+        work.dropped_groups += 1
+        work.dropped_messages += 1
+        work.record(REQUEST_NAME, before, messages=[request])
+    markers = [p for p, m in enumerate(work.messages) if _is_marker(work, p, m)]
+    if work.tokens() > budget and markers:
+        before = work.tokens()
+        keep = [p for p in range(len(work.messages)) if p not in set(markers)]
+        work.replace([work.messages[p] for p in keep], [work.origin[p] for p in keep])
+        work.record(MARKERS_NAME, before, markers=len(markers))
+
+
+def _kept_request(work: Work) -> int | None:
+    """Position of the user's latest message when kept outside the head and the recent turns."""
+    found = latest_request(work.transcript, work.head_end, work.tail_start)
+    if found is None or work.head.protects(found):
+        return None
+    return next((p for p, o in enumerate(work.origin) if o == found), None)
+
+
+def _is_marker(work: Work, p: int, m: Message) -> bool:
+    return work.origin[p] == SYNTHETIC and marker_counts(m) is not None
 
 
 def _drop_parts(work: Work, budget: int) -> None:

@@ -192,7 +192,7 @@ def test_prefit_up_runs_the_api_processes_on_one_port(
         assert up.stdout is not None
         directory = None
         for line in up.stdout:  # the banner names the directory before the API is ready
-            found = re.search(r"API processes' files in (\S+)", line)
+            found = re.search(r"API processes' files in ([^\s\"]+)", line)
             if found:
                 directory = Path(found.group(1))
                 break

@@ -9,6 +9,7 @@ from shared.counting import TokenCounter
 from shared.errors import DoesNotFit
 from shared.messages import Message, groups, validate
 from shared.policy import ContextPolicy, Prepared
+from shared.strategies.drop import drop_marker
 
 CUT_MARK = "characters cut to save context ...]"
 
@@ -87,7 +88,7 @@ def check(
         assert head.task in kept and out[where.index(head.task)] == transcript[head.task], (
             "the task (first user message) was not kept as it was"
         )
-    _check_latest_request(transcript, prepared, counter, model)
+    _check_latest_request(transcript, prepared, counter, model, pressure)
     a, b = groups(transcript)[-1] if transcript else (0, 0)
     last = latest_origins(transcript, out)[-(b - a) :] if b > a else []
     assert last == list(range(a, b)), "last turn group not kept"
@@ -96,9 +97,14 @@ def check(
 
 
 def _check_latest_request(
-    transcript: Sequence[Message], prepared: Prepared, counter: TokenCounter, model: str | None
+    transcript: Sequence[Message],
+    prepared: Prepared,
+    counter: TokenCounter,
+    model: str | None,
+    pressure: float,
 ) -> None:
-    """The user's latest message is kept unless a summary folds it in or it is large."""
+    """The user's latest message is kept unless a summary folds it in, it is large, or the
+    prompt with it back (and the marker a second run of dropped turns needs) is over budget."""
     report = prepared.report
     assert report is not None
     last = max((i for i, m in enumerate(transcript) if m.get("role") == "user"), default=None)
@@ -107,7 +113,9 @@ def _check_latest_request(
     summary = report["summary"]
     folded = summary is not None and summary["upto"] > last
     small = counter.count([transcript[last]], (), model) <= 0.1 * report["target_tokens"]
-    assert folded or not small, f"the user's latest message ({last}) was dropped"
+    back = [*prepared.messages, transcript[last], drop_marker(len(transcript), len(transcript))]
+    overflows = counter.count(back, (), model) / pressure > report["budget"]
+    assert folded or not small or overflows, f"the user's latest message ({last}) was dropped"
 
 
 def _check_pairs(
@@ -124,6 +132,14 @@ def _split(transcript: Sequence[Message], kept: set[int]) -> str | None:
         if any(present) and not all(present):
             return f"turn group [{a}, {b}) split"
     return None
+
+
+def assert_uncuttable(e: DoesNotFit) -> None:
+    """With the default strategies, a refusal means what may never be cut (head, recent
+    turns, tool specs) is over the budget by itself: a kept request, a summary or a marker
+    never causes one."""
+    never_cut = e.head_tokens + e.tail_tokens + e.tools_tokens
+    assert never_cut > e.budget, f"refused although head, tail and tools ({never_cut}) fit"
 
 
 def assert_justified(e: DoesNotFit) -> None:

@@ -25,9 +25,10 @@ from shared.llm import Completion
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.strategies import DropOldest, Summarize
+from shared.strategies.drop import drop_marker
 from shared.summaries import SummaryBook, SummaryRecord
 from tests.shared.generated import transcripts
-from tests.shared.invariants import check
+from tests.shared.invariants import assert_uncuttable, check
 
 COUNTER = HeuristicCounter()
 
@@ -89,15 +90,80 @@ class CountingSummarizer:
 def test_invariants_on_generated_transcripts(
     msgs: list[Message], window: int, pressure: float
 ) -> None:
-    """Any valid transcript fits or raises DoesNotFit with figures that justify it."""
+    """Any valid transcript fits, or raises DoesNotFit because what may never be cut (head,
+    recent turns, tool specs) is over the budget by itself."""
     policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
     try:
         out = run(policy.prepare(msgs, pressure=pressure))
     except DoesNotFit as e:
-        assert e.head_tokens + e.tail_tokens + 64 > e.budget * pressure
+        assert_uncuttable(e)
         return
     check(policy, msgs, out, counter=COUNTER, pressure=pressure)
     assert run(policy.prepare(msgs, pressure=pressure)).messages == out.messages
+
+
+def two_runs_around_the_latest_request() -> list[Message]:
+    """The case the property found (issue 17): head and recent turns fit a 1,500-token
+    budget, but not with the latest request kept between two runs of dropped turns and the
+    two markers standing for them (1,501 tokens)."""
+    note: Message = {"role": "assistant", "content": [{"type": "text", "text": "x"}, TEXT_END]}
+    asked: Message = {"role": "user", "content": [{"type": "text", "text": "x"}, TEXT_END]}
+    asked["name"] = "customer"
+    call = {
+        "id": "call_0_0",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"cmd": "ls"}'},
+    }
+    tool_turn: list[Message] = [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_0_0", "content": "x"},
+    ]
+    last = [{"type": "text", "text": "00\U00010000" * 221}, TEXT_END]
+    return [
+        {"role": "user", "content": "0\x80" * 466},
+        # the property's case had users here; answers keep the head rule's preamble (a user
+        # message right before another) out of it, with the same counts
+        *[{**asked, "role": "assistant"}] * 4,
+        {"role": "user", "content": "x" * 524, "name": "customer"},
+        *[note] * 5,
+        *tool_turn,
+        note,
+        *tool_turn,
+        note,
+        {"role": "assistant", "content": last},
+    ]
+
+
+TEXT_END = {"type": "text", "text": ""}
+
+
+def test_the_latest_request_goes_before_a_refusal() -> None:
+    """Over the budget only by what DropOldest kept as a courtesy (the latest request, two
+    markers), the prompt drops the request, joins the runs behind one marker, and fits."""
+    msgs = two_runs_around_the_latest_request()
+    policy = ContextPolicy(1500 + 1024, counter=COUNTER, reserve_output=1024)
+    out = run(policy.prepare(msgs))
+    assert out.report is not None
+    applied = [a["strategy"] for a in out.report["applied"]]
+    assert applied == ["DropOldest", "LastResortDropRequest"]
+    assert out.report["applied"][-1]["messages"] == [5]
+    assert msgs[5] not in out.messages
+    assert sum(1 for m in out.messages if "were dropped here" in str(m["content"])) == 1
+    assert out.report["tokens_after"] <= 1500
+    check(policy, msgs, out, counter=COUNTER)
+
+
+def test_markers_go_before_a_refusal() -> None:
+    """When head and recent turns fit only without the drop marker, the marker goes too."""
+    msgs = chat(30)
+    head, tail = msgs[:2], msgs[-1:]  # keep_recent=1: the last group is one message
+    fits = COUNTER.count([*head, *tail], (), None)
+    assert COUNTER.count([*head, drop_marker(1, 1), *tail], (), None) > fits
+    policy = ContextPolicy(fits, counter=COUNTER, reserve_output=0, keep_recent=1)
+    out = run(policy.prepare(msgs))
+    assert out.report is not None
+    assert out.report["applied"][-1]["strategy"] == "LastResortDropMarkers"
+    assert out.messages == [*head, *tail]
 
 
 @settings(
@@ -513,3 +579,13 @@ def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> Non
         if m["role"] == "function":
             assert out.messages[k - 1].get("function_call") is not None
     assert out.messages[-4:] == msgs[-4:]
+
+
+def test_the_latest_request_stays_while_older_turns_are_in() -> None:
+    """Strategies that drop nothing leave older turns in: a refusal, not a prompt without the
+    user's latest request but with what came before it."""
+    msgs = two_runs_around_the_latest_request()
+    budget = COUNTER.count(msgs, (), None) - 100  # without the request (158 tokens) it fits
+    policy = ContextPolicy(budget + 1024, counter=COUNTER, reserve_output=1024, strategies=[])
+    with pytest.raises(DoesNotFit):
+        run(policy.prepare(msgs))

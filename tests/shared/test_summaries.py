@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from shared.hashing import canonical, prefix_hash, prefix_hashes
 from shared.summaries import SummaryBook, SummaryRecord
+from shared.summarize import summary_message
 
 MSGS = [{"role": "user", "content": f"m{i}"} for i in range(10)]
 
@@ -52,3 +53,12 @@ def test_best_prefers_longest_matching_prefix() -> None:
     assert book.best(MSGS[:5]) == short
     edited = [MSGS[0], {"role": "user", "content": "changed"}, *MSGS[2:]]
     assert book.best(edited) is None
+
+
+def test_summary_message_numbers_the_range_as_a_person_counts() -> None:
+    """A record with `upto` 112 (exclusive) after a one-message head covers transcript[1:112]:
+    its message says "messages 2 to 112", the first and last covered, counted from 1."""
+    record = SummaryRecord(112, prefix_hash(MSGS), "text")
+    content = summary_message(record, 1)["content"]
+    assert content.startswith("[Summary of messages 2 to 112 of this conversation, ")
+    assert content.endswith("\ntext")

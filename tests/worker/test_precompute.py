@@ -13,6 +13,7 @@ from shared.errors import LeaseLost
 from shared.head import head_end
 from shared.llm import Completion
 from shared.messages import Message
+from shared.service import precompute
 from shared.service.precompute import Outcome, run_job
 from shared.settings import Settings
 from shared.store import Store, keys
@@ -233,14 +234,30 @@ def test_holder_covers_what_became_due_while_it_worked(
     )
 
 
+def captured_debug(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What precompute logs from now on, DEBUG included, whatever structlog's configuration
+    (a `prefit` command run earlier in this process set INFO and cached its loggers)."""
+    capture = structlog.testing.LogCapture()
+    logger = structlog.wrap_logger(
+        None, processors=[capture], wrapper_class=structlog.make_filtering_bound_logger(0)
+    )
+    monkeypatch.setattr(precompute, "log", logger)
+    return capture.entries
+
+
 def test_logs_carry_ids_never_message_text(
-    store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
+    store: Store,
+    settings: Settings,
+    fake: FakeLLM,
+    tenant: str,
+    model: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What run_job logs names ids, hashes and counts, never a word of the conversation."""
     msgs = chat(30, tag="SECRETWORD")
     store.conversations.append(tenant, "c1", msgs)
-    with structlog.testing.capture_logs() as logs:
-        out = run_once(store, settings, job_for(store, tenant, "c1", model))
+    logs = captured_debug(monkeypatch)
+    out = run_once(store, settings, job_for(store, tenant, "c1", model))
     assert out.status == "written"
     events = {e["event"] for e in logs}
     assert "summary.computed" in events

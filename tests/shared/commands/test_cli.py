@@ -26,12 +26,14 @@ from shared.messages import groups, validate
 from shared.settings import Settings
 from tests.conftest import ROOT, needs_transcripts, transcript_files
 from tests.redisbackend import needs_redis_server
+from tests.shared.commands.test_up_logs import start_up
 
 
 class FakeService:
     """Just enough of the API for the demo: a store, expected_length checks, summaries landing."""
 
-    def __init__(self, *, does_not_fit_at: int | None = None) -> None:
+    def __init__(self, *, does_not_fit_at: int | None = None, window: int = 128_000) -> None:
+        self.window = window  # the window the service's reports say is in force
         self.convs: dict[str, list[Any]] = {}
         self.calls: list[tuple[str, str, dict[str, Any], str | None]] = []
         self.prepares = 0
@@ -62,6 +64,7 @@ class FakeService:
             return httpx.Response(400, json={"error": error})
         upto = None if self.prepares < 3 else 5 if self.prepares < 6 else 9
         report = {"summary": None if upto is None else {"upto": upto}, "stale": self.prepares == 2}
+        report["window"] = self.window
         return httpx.Response(200, json={"messages": [], "tokens": 100, "report": report})
 
 
@@ -139,7 +142,7 @@ def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(cli, "_exec", execed.append)
     cli.main(["worker", "--concurrency", "7"])
     (argv,) = execed
-    assert argv[1:6] == ["-m", "celery", "-A", "worker.app", "worker"]
+    assert argv[1:7] == ["-m", "celery", "--quiet", "-A", "worker.app", "worker"]
     assert argv[argv.index("-c") + 1] == "7" and argv[argv.index("-P") + 1] == "threads"
 
 
@@ -183,7 +186,8 @@ def test_replay_appends_turn_by_turn_and_highlights_landings() -> None:
     fake = FakeService()
     out = io.StringIO()
     with _client(fake) as client:
-        assert replay(client, messages, tools, DemoOptions(conversation_id="c1"), out) == 0
+        opts = DemoOptions(conversation_id="c1", window=16000)
+        assert replay(client, messages, tools, opts, out) == 0
     spans = groups(messages)
     writes = [(m, b) for m, p, b, _ in fake.calls if m == "PUT" or p.endswith("/messages")]
     assert writes[0][0] == "PUT"
@@ -195,6 +199,20 @@ def test_replay_appends_turn_by_turn_and_highlights_landings() -> None:
     assert sum("summary landed" in line for line in lines) == 2
     assert "stale" in lines[3] and "no summary" in lines[2]
     assert "2 summaries landed" in lines[-1]
+
+
+def test_replay_reports_the_window_the_service_fits_to() -> None:
+    """Without --window the demo sends none (the service's PREFIT_MODELS decides) and its
+    header and bars show the window the service's report says is in force."""
+    messages, tools = generate_conversation(turns=2)
+    fake = FakeService(window=128_000)
+    out = io.StringIO()
+    with _client(fake) as client:
+        assert replay(client, messages, tools, DemoOptions(), out) == 0
+    assert all("max_input_tokens" not in body for _, _, body, _ in fake.calls)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("model gpt-4o, window 128,000 tokens"), lines[0]
+    assert "/128,000 of" in lines[2]
 
 
 def test_replay_reports_a_turn_that_does_not_fit_and_goes_on() -> None:
@@ -308,16 +326,9 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
     """`prefit up` answers /healthz, serves `prefit demo --generate`, and on SIGINT exits 0
     leaving no child process and no Redis behind."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PREFIT_REDIS_URL")}
-    env.update(PREFIT_API_KEYS="demo:demo-key", PREFIT_WORKER_CONCURRENCY="4")
-    up = subprocess.Popen(
-        [sys.executable, "-m", "shared.commands.cli", "up", "--port", str(port), "--grace", "10"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    env = {"PREFIT_API_KEYS": "demo:demo-key", "PREFIT_WORKER_CONCURRENCY": "4"}
+    env.update(PREFIT_MODELS='{"gpt-4o": {"max_input_tokens": 16000}}')
+    up = start_up(port, **env)
     try:
         _wait_healthy(up, f"http://127.0.0.1:{port}/healthz")
         children = _descendants(up.pid)
@@ -339,7 +350,7 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
                 "demo-key",
                 "--no-color",
             ],
-            env=env,
+            env={**os.environ, **env},
             cwd=ROOT,
             capture_output=True,
             text=True,
@@ -347,6 +358,7 @@ def test_prefit_up_serves_a_demo_and_shuts_down_cleanly() -> None:
         )
         assert demo.returncode == 0, demo.stdout + demo.stderr
         assert "turns appended" in demo.stdout
+        assert "window 16,000 tokens" in demo.stdout.splitlines()[0]  # PREFIT_MODELS's
         assert "summary landed" in demo.stdout, demo.stdout  # the worker computed one
         up.send_signal(signal.SIGINT)
         output, _ = up.communicate(timeout=60)

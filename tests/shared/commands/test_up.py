@@ -28,6 +28,7 @@ from shared.commands.up import (
     describe_summarizer,
     worker_argv,
 )
+from shared.logs import UVICORN_LOG_CONFIG
 from shared.settings import Settings
 from tests.conftest import ROOT
 from tests.redisbackend import needs_redis_server
@@ -54,7 +55,7 @@ def test_command_lines_follow_the_settings() -> None:
     """The worker and API command lines carry the queue, pool, concurrency, host and port."""
     settings = Settings(worker_concurrency=33, summary_queue="q1", log_level="debug")
     argv = worker_argv(settings)
-    assert argv[:6] == [sys.executable, "-m", "celery", "-A", "worker.app", "worker"]
+    assert argv[:7] == [sys.executable, "-m", "celery", "--quiet", "-A", "worker.app", "worker"]
     assert argv[argv.index("-Q") + 1] == "q1"
     assert argv[argv.index("-P") + 1] == "threads"
     assert argv[argv.index("-c") + 1] == "33"
@@ -70,6 +71,8 @@ def test_command_lines_follow_the_settings() -> None:
         "--port",
         "9001",
         "--no-access-log",
+        "--log-config",
+        str(UVICORN_LOG_CONFIG),
     ]
     assert api_argv("h", 1, 3)[-2:] == ["--workers", "3"]
 
