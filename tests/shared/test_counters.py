@@ -109,7 +109,7 @@ def test_heuristic_does_not_undercount_other_scripts(tiktoken_dir: Path, script:
 
 
 def test_heuristic_ascii_counts_as_before() -> None:
-    """ASCII text still counts ceil(chars / chars_per_token), tool specs included."""
+    """ASCII text without dense runs still counts ceil(chars / chars_per_token)."""
     counter = HeuristicCounter()
     assert counter.count_message({"role": "user", "content": "x" * 100}) == math.ceil(104 / 3.5) + 4
 
