@@ -156,7 +156,7 @@ def main() -> None:
         for size in (24_000, 2_000_000):
             text = (samples[name] * (size // len(samples[name]) + 1))[:size]
             us = [timed(partial(c._chars, (text,))) for c in (before, after)]
-            print(f"| {name} | {size:,} | {us[0]:,.0f} | {us[1]:,.0f} |")
+            print(f"| {name} | {size:,} | {us[0]:,.1f} | {us[1]:,.1f} |")
 
 
 if __name__ == "__main__":
