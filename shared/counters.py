@@ -20,8 +20,10 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from operator import countOf, itemgetter
 from pathlib import Path
 from typing import cast
 
@@ -34,8 +36,11 @@ from shared.messages import Message, ToolSpec
 
 __all__ = [
     "ASTRAL_TOKENS",
+    "DENSE_CHARS_PER_TOKEN",
+    "HEX_CHARS_PER_TOKEN",
     "NON_ASCII_BYTE_TOKENS",
     "NON_TEXT_PART_TOKENS",
+    "NUMBER_CHARS_PER_TOKEN",
     "CountCache",
     "CountOnly",
     "HeuristicCounter",
@@ -56,6 +61,27 @@ NON_TEXT_PART_TOKENS = 1600
 # outside the BMP (emoji; 4 bytes). Fitted on cl100k_base, the hungriest common encoding.
 NON_ASCII_BYTE_TOKENS = 0.5
 ASTRAL_TOKENS = 2.5
+# HeuristicCounter's densities for runs of ASCII that are not words, which BPE splits into
+# one- and two-character pieces. A run starts at a digit: of [0-9a-f-] or [0-9A-F-], 16
+# characters or more with a letter (hex digests, UUIDs: 1.55-1.7 characters a token in
+# o200k_base and cl100k_base); else of [A-Za-z0-9+/=_-], 16 or more with at least three
+# groups of digits between other characters (base64, generated ids: 1.4-1.6); else of 5 or
+# more digits and [.,:/+-] (numbers, dates, times, versions: digits go by three at most and
+# each separator is a token of its own). Measured with bench/counting_density.py.
+HEX_CHARS_PER_TOKEN = 1.55
+DENSE_CHARS_PER_TOKEN = 1.4
+NUMBER_CHARS_PER_TOKEN = 1.8
+# One scan finds the three kinds, trying only where a group of digits starts (no position
+# is tried twice, and text without digits is skipped at C speed); possessive quantifiers
+# keep it linear. Groups: the rest of a hex, a dense and a number run (one is not empty).
+_DENSE_RUN = re.compile(
+    r"[0-9](?<![0-9]{2})"
+    r"(?:(?=[0-9-]*+[a-fA-F])(?=[0-9a-f-]{15}|[0-9A-F-]{15})"
+    r"([0-9a-f-]*+|[0-9A-F-]*+)(?![A-Za-z0-9+/=_])"
+    r"|(?=[A-Za-z0-9+/=_-]{15})([0-9]*+(?:[A-Za-z+/=_-]++[0-9]++){2}[A-Za-z0-9+/=_-]*+)"
+    r"|([0-9.,:/+-]{4,}+))"
+)
+_SHORTEST_RUN = 5
 
 
 class CachedCounter(ABC):
@@ -147,11 +173,23 @@ class HeuristicCounter(CachedCounter):
     emoji two or three), so characters beyond ASCII add `NON_ASCII_BYTE_TOKENS` per UTF-8
     byte past their first and `ASTRAL_TOKENS` each outside the BMP: within a few percent of
     cl100k_base for CJK, Cyrillic, Arabic, Devanagari and emoji, and over o200k_base (a
-    `CalibratedCounter` settles the rest). ASCII text counts as before. No priming.
+    `CalibratedCounter` settles the rest). ASCII that is no words at all takes fewer too,
+    so its runs count at their own density instead of chars_per_token: hex runs (digests,
+    UUIDs) at `HEX_CHARS_PER_TOKEN` (1.55), other runs of letters and digits mixed
+    (base64, generated ids) at `DENSE_CHARS_PER_TOKEN` (1.4), runs of digits and [.,:/+-]
+    (numbers, dates, versions) at `NUMBER_CHARS_PER_TOKEN` (1.8); see those constants for
+    what a run is. At 3.5 a token such text was under-counted about 2x against o200k_base
+    (24 KB of SHA-256 lines: 6,384 for 12,732 tokens), faster than calibration can follow
+    when a session's mix shifts; now it counts at or a little above o200k_base. Prose and
+    code (few such runs) count within a few percent of before. A density at or above
+    chars_per_token adds nothing. No priming.
     """
 
     non_ascii_byte_tokens = NON_ASCII_BYTE_TOKENS
     astral_tokens = ASTRAL_TOKENS
+    hex_chars_per_token = HEX_CHARS_PER_TOKEN
+    dense_chars_per_token = DENSE_CHARS_PER_TOKEN
+    number_chars_per_token = NUMBER_CHARS_PER_TOKEN
 
     def __init__(
         self,
@@ -168,27 +206,51 @@ class HeuristicCounter(CachedCounter):
         self.chars_per_token = float(chars_per_token)
         self.per_message = _overhead("per_message", per_message)
         self.per_tool_call = _overhead("per_tool_call", per_tool_call)
+        # Tokens a hex, dense or number character adds over an ordinary one (never fewer).
+        densities = (
+            self.hex_chars_per_token,
+            self.dense_chars_per_token,
+            self.number_chars_per_token,
+        )
+        self._run_extra = tuple(max(0.0, 1 / d - 1 / self.chars_per_token) for d in densities)
         super().__init__(cache)
 
     def __repr__(self) -> str:
         return (
             f"HeuristicCounter(chars_per_token={self.chars_per_token}, "
             f"per_message={self.per_message}, per_tool_call={self.per_tool_call}, "
-            f"non_ascii={self.non_ascii_byte_tokens}/{self.astral_tokens})"
+            f"non_ascii={self.non_ascii_byte_tokens}/{self.astral_tokens}, "
+            f"runs={self.hex_chars_per_token}/{self.dense_chars_per_token}/"
+            f"{self.number_chars_per_token})"
         )
 
     def _chars(self, texts: Sequence[str]) -> int:
-        """Tokens of `texts`: characters / chars_per_token, more for those beyond ASCII."""
+        """Tokens of `texts`: characters / chars_per_token, more for dense runs and for
+        characters beyond ASCII."""
         chars = 0
         extra = 0.0
         for text in texts:
             chars += len(text)
+            if len(text) >= _SHORTEST_RUN:
+                extra += self._runs(text)
             if not text.isascii():
                 wide = len(text.encode("utf-8", "surrogatepass")) - len(text)
                 astral = len(text.encode("utf-16-le", "surrogatepass")) // 2 - len(text)
                 extra += self.non_ascii_byte_tokens * (wide - 3 * astral)
                 extra += self.astral_tokens * astral
         return math.ceil(chars / self.chars_per_token + extra)
+
+    def _runs(self, text: str) -> float:
+        """Tokens that the hex, dense and number runs of `text` add to chars / chars_per_token."""
+        runs = _DENSE_RUN.findall(text)
+        if not runs:
+            return 0.0
+        extra = 0.0
+        for kind, per_char in enumerate(self._run_extra):
+            found = [*map(itemgetter(kind), runs)]
+            # a run's first digit is outside its group; the run's other two groups are empty
+            extra += per_char * (sum(map(len, found)) + len(found) - countOf(found, ""))
+        return extra
 
     def _measure(self, parts: KeyFields) -> int:
         return (

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import math
+import random
 import statistics
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,7 +18,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.counters import (
+    DENSE_CHARS_PER_TOKEN,
+    HEX_CHARS_PER_TOKEN,
     NON_TEXT_PART_TOKENS,
+    NUMBER_CHARS_PER_TOKEN,
     CountCache,
     HeuristicCounter,
     TiktokenCounter,
@@ -102,9 +109,109 @@ def test_heuristic_does_not_undercount_other_scripts(tiktoken_dir: Path, script:
 
 
 def test_heuristic_ascii_counts_as_before() -> None:
-    """ASCII text still counts ceil(chars / chars_per_token), tool specs included."""
+    """ASCII text without dense runs still counts ceil(chars / chars_per_token)."""
     counter = HeuristicCounter()
     assert counter.count_message({"role": "user", "content": "x" * 100}) == math.ceil(104 / 3.5) + 4
+
+
+def _dense_samples() -> dict[str, str]:
+    """Dense tool output, seeded: what agents read back from shells and APIs."""
+    r = random.Random(3)
+    hexes = ["".join(r.choice("0123456789abcdef") for _ in range(64)) for _ in range(300)]
+    uuids = [str(uuid.UUID(int=r.getrandbits(128))) for _ in range(300)]
+    blob = base64.b64encode(r.randbytes(9000)).decode()
+    return {
+        "sha256": "\n".join(hexes),
+        "sha256sum": "\n".join(f"{h}  src/pkg_{i}/mod.py" for i, h in enumerate(hexes)),
+        "uuids": "\n".join(uuids),
+        "base64": "\n".join(blob[i : i + 76] for i in range(0, len(blob), 76)),
+        "numbers": "\n".join(
+            f"{i},{r.uniform(-1e3, 1e3):.4f},{r.random():.6f}" for i in range(600)
+        ),
+        "json ids": json.dumps(
+            [{"id": u, "sha": h[:40]} for u, h in zip(uuids, hexes, strict=False)]
+        ),
+        "git log": "\n".join(
+            f"commit {h[:40]}\nDate:   Mon Nov 3 12:{i % 60:02d}:07 2026 +0000\n\n    Fix it"
+            for i, h in enumerate(hexes)
+        ),
+    }
+
+
+@pytest.mark.parametrize("kind", sorted(_dense_samples()))
+def test_dense_ascii_counts_at_least_o200k(tiktoken_dir: Path, kind: str) -> None:
+    """Hex, UUIDs, base64, numbers and ids take 1.4-2 characters a token, not 3.5: the
+    estimate is at or above o200k_base (3% slack) and at most 1.25x it. A git log is half
+    short words (dates, names) that stay at 3.5: 12% slack there (it was 0.7x)."""
+    text = _dense_samples()[kind]
+    exact = len(TiktokenCounter(directory=tiktoken_dir).encoding.encode_ordinary(text))
+    estimate = HeuristicCounter()._chars((text,))
+    slack = 0.88 if kind == "git log" else 0.97
+    assert exact * slack <= estimate <= exact * 1.25
+
+
+@pytest.mark.parametrize(
+    ("run", "chars_per_token"),
+    [
+        ("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", HEX_CHARS_PER_TOKEN),
+        ("6F9619FF-8B86-D011-B42D-00C04FC964FF", HEX_CHARS_PER_TOKEN),
+        ("8gd29ybGQ9PQ0K1b2x3Zz9+/Ab", DENSE_CHARS_PER_TOKEN),
+        ("7Hq2Zk9Xw3Lm0Pb8Rt4", DENSE_CHARS_PER_TOKEN),
+        ("2026-11-03", NUMBER_CHARS_PER_TOKEN),
+        ("1234567.891", NUMBER_CHARS_PER_TOKEN),
+    ],
+)
+def test_a_dense_run_counts_at_its_density(run: str, chars_per_token: float) -> None:
+    """A run (from its first digit) counts len(run) / its density, the text around it
+    chars / chars_per_token."""
+    counter = HeuristicCounter(per_message=0)
+    text = f"the value is {run} here"
+    ordinary = len(text) - len(run)
+    expected = math.ceil(ordinary / 3.5 + len(run) / chars_per_token)
+    assert counter._chars((text,)) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The quick brown fox jumps over the lazy dog, 13 times in 2026 again.",
+        "internationalization_configuration_manager and HttpResponseRedirect",
+        "see /usr/lib/python3/site-packages/django__django-1331 or test_http_200_ok",
+        "deadbeefcafebabedeadbeefcafebabe",  # all letters: a word to BPE as far as we know
+        "x" * 100,
+        "1234",
+        "version 3.11",
+    ],
+)
+def test_words_paths_and_short_numbers_count_as_before(text: str) -> None:
+    """Text that is words, paths, identifiers with a number or two, or short numbers, keeps
+    chars / chars_per_token."""
+    assert HeuristicCounter()._chars((text,)) == math.ceil(len(text) / 3.5)
+
+
+def test_a_density_above_chars_per_token_adds_nothing() -> None:
+    """With chars_per_token below every density (1.0), dense runs count like any text."""
+    text = "sha " + "e3b0c44298fc1c149afbf4c8996fb924" * 4 + " 2026-11-03 12:00:00"
+    assert HeuristicCounter(chars_per_token=1.0)._chars((text,)) == len(text)
+
+
+def test_dense_runs_beside_other_scripts_still_count() -> None:
+    """A digest in non-ASCII text adds both the wide characters' and the run's tokens."""
+    digest = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+    counter = HeuristicCounter()
+    plain, mixed = counter._chars((digest,)), counter._chars(("摘要 " + digest,))
+    assert plain == math.ceil(64 / HEX_CHARS_PER_TOKEN)
+    assert mixed == math.ceil(67 / 3.5 + 64 * (1 / HEX_CHARS_PER_TOKEN - 1 / 3.5) + 2)
+
+
+def test_the_run_scan_stays_linear() -> None:
+    """Long runs that never qualify (a digit then a megabyte of letters, 100k digits, short
+    mixed runs back to back) are scanned once, not retried from every position."""
+    counter = HeuristicCounter()
+    cases = ["1" + "a" * 200_000, "7" * 200_000, "1a1b2c " * 30_000, "1-" * 100_000]
+    for text in cases:
+        counter._chars((text,))  # quadratic retries would take minutes here
+    assert counter._chars(("7" * 200_000,)) == math.ceil(200_000 / NUMBER_CHARS_PER_TOKEN)
 
 
 def test_a_refusal_counts_as_its_text() -> None:

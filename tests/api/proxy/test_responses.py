@@ -234,7 +234,7 @@ def test_an_overflow_is_retried_deeper_and_the_client_sees_only_the_success(
     """A provider counting 1.5x prefit's estimate refuses the first request with
     `context_length_exceeded`; prefit retries smaller, before any event is streamed."""
     proxy.fake.scale = 1.5
-    items = codex_session(30)  # under prefit's trigger: sent whole, too long for the provider
+    items = codex_session(21)  # under prefit's trigger: sent whole, too long for the provider
     raw = sdk(proxy).responses.with_raw_response.create(
         model=proxy.model,
         input=items,  # type: ignore[arg-type]
@@ -261,7 +261,7 @@ def test_an_overflow_reported_inside_the_stream_is_retried_before_any_event(
     stream that succeeded."""
     proxy.fake.scale = 1.5
     proxy.fake.overflow_in_stream = True
-    items = codex_session(30)
+    items = codex_session(21)
     raw = sdk(proxy).responses.with_raw_response.create(
         model=proxy.model,
         input=items,  # type: ignore[arg-type]
@@ -281,7 +281,7 @@ def test_a_stream_that_fails_otherwise_is_passed_on_as_it_came(proxy: Proxy) -> 
     proxy.fake.overflow_in_stream = True
     raw = sdk(proxy).responses.with_raw_response.create(
         model=proxy.model,
-        input=codex_session(30),  # type: ignore[arg-type]
+        input=codex_session(21),  # type: ignore[arg-type]
         stream=True,
         previous_response_id="resp_1",  # unfitted: nothing to retry with
     )
