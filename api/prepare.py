@@ -113,16 +113,18 @@ class Preparer:
         counter: ScaledCounter | None = None,
         degraded: bool = False,
         request: Request | None = None,
+        preambles: frozenset[str] = frozenset(),
     ) -> Fitted:
         """The stored prepare of `loaded` (the conversation `conv_id` as stored) with `best`.
 
         Asks the workers for a due summary (the claim, for the caller to send) and waits up
         to `wait_ms` for it; never calls an LLM. `degraded`: Redis did not answer, `loaded`
         is this process's cached copy (nothing is asked for, nothing waited on).
+        `preambles`: the tenant's learned preambles for this transcript (the proxy's).
         """
         if counter is None:
             counter = await self._counter(tenant, window.model)
-        policy = self.svc.policies.get(window, counter)
+        policy = self.svc.policies.get(window, counter).heading(preambles)
         _, tail = loaded.regions(policy)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
             best = None

@@ -1,0 +1,83 @@
+"""The tenant's memory of repeated openings: preambles learned from distinct conversations."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import redis.asyncio
+
+from shared.head import head_of, message_key
+from shared.store import keys
+from shared.store.openings import Openings
+from tests.redisbackend import async_store_client
+from tests.shared import preambles as p
+
+PREAMBLE_KEY = message_key({"role": "user", "content": p.PREAMBLE})
+
+
+def learn(redis_url: str, memory: Openings, tenant: str, *tasks: str) -> list[frozenset[str]]:
+    """The preambles found for a conversation on each of `tasks`, in order."""
+
+    async def run() -> list[frozenset[str]]:
+        client = async_store_client(redis_url)
+        try:
+            return [await memory.preambles(client, tenant, p.opened(t)) for t in tasks]
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_an_opening_of_two_conversations_is_a_preamble_for_the_second(
+    redis_url: str, tenant: str
+) -> None:
+    """The first conversation keeps its head; the second and third find their task past it."""
+    memory = Openings()
+    found = learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode", "Port to 3.13")
+    assert found == [frozenset(), frozenset({PREAMBLE_KEY}), frozenset({PREAMBLE_KEY})]
+    third = p.opened("Port to 3.13")
+    assert head_of(third, preambles=found[2]).task == 3 and head_of(third).task == 1
+    again = learn(redis_url, Openings(), tenant, "Fix the login bug", "Add a dark mode")
+    assert again == found[:2]  # another process reads the same memory, and the first stays put
+    assert memory.cached(tenant, third) == frozenset({PREAMBLE_KEY})
+
+
+def test_tenants_do_not_share_the_memory(redis_url: str, tenant: str) -> None:
+    """What one tenant's conversations taught never applies to another's."""
+    memory = Openings()
+    learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode")
+    assert learn(redis_url, memory, tenant + "-b", "Port to 3.13") == [frozenset()]
+
+
+def test_only_hashes_are_stored_with_an_expiry(redis_url: str, tenant: str) -> None:
+    """The memory holds the follow-up's hash under the opening's hash, expiring."""
+
+    async def read() -> tuple[bytes | None, int]:
+        client = async_store_client(redis_url)
+        try:
+            key = keys.opening(tenant, PREAMBLE_KEY)
+            return await client.get(key), await client.ttl(key)
+        finally:
+            await client.aclose()
+
+    learn(redis_url, Openings(), tenant, "Fix the login bug")
+    value, ttl = asyncio.run(read())
+    assert value == message_key({"role": "user", "content": "Fix the login bug"}).encode()
+    assert 0 < ttl <= 30 * 86_400
+
+
+def test_a_redis_fault_leaves_the_transcript_only_rule(tenant: str) -> None:
+    """No Redis: no preamble, no error."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def run() -> frozenset[str]:
+        client = redis.asyncio.Redis(port=port, socket_connect_timeout=0.1)
+        try:
+            return await Openings().preambles(client, tenant, p.opened("Fix the login bug"))
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == frozenset()
