@@ -67,17 +67,36 @@ def test_only_hashes_are_stored_with_an_expiry(redis_url: str, tenant: str) -> N
     assert 0 < ttl <= 30 * 86_400
 
 
-def test_a_redis_fault_leaves_the_transcript_only_rule(tenant: str) -> None:
-    """No Redis: no preamble, no error."""
+def dead_client() -> redis.asyncio.Redis:
+    """A client of a port nothing listens on."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    return redis.asyncio.Redis(port=port, socket_connect_timeout=0.1)
+
+
+def ask_dead(memory: Openings, tenant: str, task: str) -> frozenset[str]:
+    """The preambles `memory` finds for a conversation on `task` with Redis gone."""
 
     async def run() -> frozenset[str]:
-        client = redis.asyncio.Redis(port=port, socket_connect_timeout=0.1)
+        client = dead_client()
         try:
-            return await Openings().preambles(client, tenant, p.opened("Fix the login bug"))
+            return await memory.preambles(client, tenant, p.opened(task))
         finally:
             await client.aclose()
 
-    assert asyncio.run(run()) == frozenset()
+    return asyncio.run(run())
+
+
+def test_a_redis_fault_leaves_the_transcript_only_rule(tenant: str) -> None:
+    """No Redis: no preamble, no error."""
+    assert ask_dead(Openings(), tenant, "Fix the login bug") == frozenset()
+
+
+def test_a_decision_once_known_outlives_a_fault(redis_url: str, tenant: str) -> None:
+    """Past its cache time, a decision the process knew stands while Redis is gone: the head
+    it gave does not flip back."""
+    memory = Openings(cache_s=0.0)
+    learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode")
+    assert ask_dead(memory, tenant, "Add a dark mode") == frozenset({PREAMBLE_KEY})
+    assert ask_dead(memory, tenant, "Fix the login bug") == frozenset()
