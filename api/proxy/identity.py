@@ -23,7 +23,10 @@ system/developer messages and the person's task (shared/head.py: past a few-shot
 so sessions that open the same way with different tasks differ), without what clients move
 or renew between turns: `cache_control` markers anywhere, Claude Code's per-request
 `x-anthropic-billing-header:` line in its system prompt, and a reminder appended to the
-latest request (aider): the task's last text counts up to its first blank line.
+latest request (aider): the task's last text counts up to its first blank line. The head is
+found past the tenant's learned preambles (`resolved`: shared/store/openings.py), and of the
+two readings of aider's first "I updated the files." / "Ok." (a few-shot close, or a running
+note after the task) the one naming a stored conversation is taken.
 """
 
 from __future__ import annotations
@@ -111,11 +114,8 @@ async def resolved(
     messages: Sequence[Message],
 ) -> tuple[str, frozenset[str]]:
     """(the request's conversation id, the preambles its head is found past), the tenant's
-    memory of openings read (shared/store/openings.py): for ids the head names (derived and
-    session signals; a named conversation keeps the transcript-only head). Of the two
-    readings of an unconfirmed few-shot close, the one naming a stored conversation."""
-    if headers.get(HEADER) is not None:
-        return conversation_id(headers, body, tenant, messages), frozenset()
+    memory of openings read (shared/store/openings.py). Of the two readings of an
+    unconfirmed few-shot close, the one naming a stored conversation."""
     preambles = await openings.preambles(client, tenant, messages)
     ids = conversation_ids(headers, body, tenant, messages, preambles)
     if len(ids) > 1 and await _stored(client, tenant, ids[1]):
