@@ -319,3 +319,17 @@ def test_a_long_claude_code_session_through_the_proxy_is_one_conversation(proxy:
         assert r.status_code == 200, turn
         ids.add(r.headers["x-prefit-conversation"])
     assert len(ids) == 1 and next(iter(ids)).startswith("claude-")
+
+
+def test_two_concurrent_aider_sessions_with_examples_in_the_system_prompt(proxy: Proxy) -> None:
+    """Interleaved, the second prompts of two such sessions each find their own session's
+    id (the other reading of the note names it), never the other's."""
+    tasks = ("Add a --verbose flag to cli.py", "Port utils.py to pathlib")
+    sessions = [aider.prompts(t, 8, examples=False, answer_chars=300) for t in tasks]
+    ids: list[set[str]] = [set(), set()]
+    for step in range(8):
+        for k in (0, 1):
+            r = post_chat(proxy, sessions[k][step])
+            assert r.status_code == 200, (step, k)
+            ids[k].add(r.headers["x-prefit-conversation"])
+    assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
