@@ -43,7 +43,7 @@ class Loaded:
     hashes: list[str]
     weight: int
     _by_id: dict[int, bytes] = field(default_factory=dict, compare=False, repr=False)
-    _regions: dict[tuple[bool, int], tuple[int, int]] = field(
+    _regions: dict[tuple[bool, int, frozenset[str]], tuple[int, int]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
@@ -72,7 +72,7 @@ class Loaded:
         """`policy.regions` of these messages, found once per snapshot: from the last
         messages when they hold the recent turns (`api.views.tail_start`), since a snapshot
         extended by a turn is a new one; by a pass over them all otherwise."""
-        key = (policy.keep_first_user, policy.keep_recent)
+        key = (policy.keep_first_user, policy.keep_recent, policy.preambles)
         found = self._regions.get(key)
         if found is None:
             found = self._regions[key] = snapshot_regions(policy, self.messages)

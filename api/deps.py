@@ -45,6 +45,7 @@ from shared.store import Store, keys
 from shared.store.client import Client
 from shared.store.increments import AsyncIncrements, Increments
 from shared.store.lookup import RecordLookup
+from shared.store.openings import Openings
 from shared.store.tally import Tally
 from shared.validation import ValidatedPrefixes
 
@@ -121,6 +122,7 @@ class Services:
         self.counter_id = counter_id(self.base)
         self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
         self.learned = LearnedWindows()  # the proxy's windows of unconfigured models
+        self.openings = Openings()  # the proxy's memory of tenants' repeated openings
         # transcripts resent every turn (the proxy's) are validated in O(new)
         self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
         self.trigger = SummaryTrigger(

@@ -73,6 +73,13 @@ class Preparer:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
         tools = incoming_tools(req.tools, format=req.format)
         loaded, best, counter, degraded = await self._stored_state(tenant, conv_id, window)
+        preambles = (  # the tenant's memory of openings (shared/store/openings.py)
+            self.svc.openings.cached(tenant, loaded.messages)
+            if degraded
+            else await self.svc.openings.preambles(
+                self.svc.increments().client, tenant, loaded.messages
+            )
+        )
         wait = req.wait_ms if req.wait_ms is not None else self.svc.settings.default_wait_ms
         fitted = await self.fit(
             tenant,
@@ -87,6 +94,7 @@ class Preparer:
             counter=counter,
             degraded=degraded,
             request=request,
+            preambles=preambles,
         )
         report = fitted.report
         body = prepared_body(
@@ -113,16 +121,18 @@ class Preparer:
         counter: ScaledCounter | None = None,
         degraded: bool = False,
         request: Request | None = None,
+        preambles: frozenset[str] = frozenset(),
     ) -> Fitted:
         """The stored prepare of `loaded` (the conversation `conv_id` as stored) with `best`.
 
         Asks the workers for a due summary (the claim, for the caller to send) and waits up
         to `wait_ms` for it; never calls an LLM. `degraded`: Redis did not answer, `loaded`
         is this process's cached copy (nothing is asked for, nothing waited on).
+        `preambles`: the tenant's learned preambles for this transcript.
         """
         if counter is None:
             counter = await self._counter(tenant, window.model)
-        policy = self.svc.policies.get(window, counter)
+        policy = self.svc.policies.get(window, counter).heading(preambles)
         _, tail = loaded.regions(policy)
         if best is not None and best.upto > tail:  # rare: a record past the protected tail
             best = None

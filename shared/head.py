@@ -28,6 +28,14 @@ head is final once its task has a reply; the recurring note is the one later mes
 can still move it (prepare recounts the head every call; only a stored tally's head end,
 used for size estimates, may then lag until the transcript is replaced).
 
+A tenant's memory of repeated openings (shared/store/openings.py) adds what one transcript
+cannot show: a user message that opened other conversations of the tenant with other tasks
+(a fixed instruction block, a greeting every session sends) is a preamble. It reaches the
+rule as data, `preambles` (the `message_key`s of the openings that are preambles for this
+transcript): the person's task is then the next user message after the opening. The opening
+is the message the rule above takes for the task; it stays kept (it is the first user
+message, or a small template).
+
 `Head.end` is where the head's region ends: one past the task (or past the leading messages
 when there is no user message yet). Summaries cover `[end, upto)`, so a summary never folds
 the task in; a prompt served from a summary keeps `[0, end)` whole, the gap and template
@@ -36,11 +44,13 @@ aside when they may be cut.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared.hashing import canonical
 from shared.messages import HEAD_ROLES, Message, text_of
 
 # A gap before the first user message is kept whole when it is at most this big (a greeting,
@@ -55,6 +65,8 @@ GAP_MAX_MESSAGES = 4
 ACK_MAX_CHARS = 160
 BARE_ACK_MAX_WORDS = 3
 TEMPLATE_MAX_EXCHANGES = 6
+MOVED_KEYS = frozenset({"cache_control"})
+_BILLING_LINE = re.compile(r"(?m)^x-anthropic-billing-header:.*\n?")
 _AFFIRMATION = re.compile(
     r"\W*(?:ok|okay|sure|understood|noted|got it|alright|all right|acknowledged)\b", re.I
 )
@@ -71,6 +83,9 @@ class Head:
     gap_kept: bool = True
     template_kept: bool = True
     final: bool = False  # True once later messages cannot change the head
+    # the task if the acknowledged note that closed a "few-shot exchange" is a running note
+    # after real turns (it has not recurred yet: the two readings cannot be told apart)
+    note_task: int | None = None
 
     @property
     def end(self) -> int:
@@ -127,8 +142,14 @@ class Head:
         }
 
 
-def head_of(msgs: Sequence[Message], *, keep_first_user: bool = True) -> Head:
-    """The head of `msgs` (see the module docstring)."""
+def head_of(
+    msgs: Sequence[Message],
+    *,
+    keep_first_user: bool = True,
+    preambles: frozenset[str] = frozenset(),
+) -> Head:
+    """The head of `msgs`; `preambles` are the `message_key`s of openings the tenant's memory
+    found to be preambles (see the module docstring)."""
     lead = 0
     n = len(msgs)
     while lead < n and msgs[lead].get("role") in HEAD_ROLES:
@@ -139,6 +160,11 @@ def head_of(msgs: Sequence[Message], *, keep_first_user: bool = True) -> Head:
     if first is None:
         return Head(lead, None, None)
     task, final = task_of(msgs, first)
+    unsure = not final and _past_examples(msgs, first) > first
+    if preambles and message_key(msgs[task]) in preambles:
+        after = next_request(msgs, task)
+        if after is not None:
+            task, final = after, after + 1 < n
     return Head(
         lead,
         first,
@@ -146,7 +172,66 @@ def head_of(msgs: Sequence[Message], *, keep_first_user: bool = True) -> Head:
         gap_kept=_small(msgs[lead:first]),
         template_kept=_small(msgs[first + 1 : task], 2 * TEMPLATE_MAX_EXCHANGES + 1),
         final=final,
+        note_task=first if unsure and task != first else None,
     )
+
+
+def opening(msgs: Sequence[Message]) -> tuple[str, str] | None:
+    """(`message_key` of the message the transcript-only rule takes for the task, that of
+    the next user message after it): what the tenant's memory of openings records; None
+    before there is such a next message."""
+    head = head_of(msgs)
+    if head.task is None:
+        return None
+    after = next_request(msgs, head.task)
+    if after is None:
+        return None
+    return message_key(msgs[head.task]), message_key(msgs[after])
+
+
+def next_request(msgs: Sequence[Message], at: int) -> int | None:
+    """Index of the first user message after `at`, else None."""
+    return next((i for i in range(at + 1, len(msgs)) if msgs[i].get("role") == "user"), None)
+
+
+def message_key(message: Message) -> str:
+    """A user message's hash as every turn resends it (`task_key`): 32 hex digits."""
+    return hashlib.blake2b(canonical(task_key(message)), digest_size=16).hexdigest()
+
+
+def steady(value: Any) -> Any:
+    """`value` without what clients move or renew between turns of one session: cache
+    markers anywhere, Claude Code's per-request billing line in its system prompt."""
+    if isinstance(value, dict):
+        return {k: steady(v) for k, v in value.items() if k not in MOVED_KEYS}
+    if isinstance(value, list):
+        return [steady(v) for v in value]
+    if isinstance(value, str) and "x-anthropic-billing-header:" in value:
+        return _BILLING_LINE.sub("", value)
+    return value
+
+
+def task_key(message: Message) -> Any:
+    """A message as every turn resends it (`steady`), its last text up to the first blank
+    line (a client may append a reminder to the latest request only)."""
+    task = steady(message)
+    content = task.get("content")
+    if isinstance(content, str):
+        return {**task, "content": _first_paragraph(content)}
+    if isinstance(content, list):
+        texts = [
+            i for i, p in enumerate(content) if isinstance(p, dict) and p.get("type") == "text"
+        ]
+        if texts:
+            last = texts[-1]
+            part = content[last]
+            cut = {**part, "text": _first_paragraph(str(part.get("text", "")))}
+            return {**task, "content": [*content[:last], cut, *content[last + 1 :]]}
+    return task
+
+
+def _first_paragraph(text: str) -> str:
+    return text.strip().split("\n\n", 1)[0].rstrip()
 
 
 def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:

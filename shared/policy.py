@@ -78,6 +78,8 @@ class ContextPolicy:
         self.target = target
         self.keep_recent = keep_recent
         self.keep_first_user = keep_first_user
+        # the tenant's learned preambles (shared/store/openings.py), given per conversation
+        self.preambles: frozenset[str] = frozenset()
         self.precompute_at = precompute_at
         # the transcripts prepared last and their ledgers, per conversation (`remembered`)
         self._validated: ValidatedPrefixes[Ledger] = ValidatedPrefixes(remembered)
@@ -107,6 +109,16 @@ class ContextPolicy:
         twin.__dict__.update(self.__dict__)
         # a ScaledCounter sizes messages: skip per_message's (slow) Protocol check
         twin.counter = counter if type(counter) is ScaledCounter else per_message(counter)
+        return twin
+
+    def heading(self, preambles: frozenset[str]) -> ContextPolicy:
+        """This policy finding heads past `preambles` (the `message_key`s of openings the
+        tenant's memory found to be preambles: shared/head.py), sharing its memory."""
+        if preambles == self.preambles:
+            return self
+        twin = object.__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.preambles = preambles
         return twin
 
     # --- sizes -------------------------------------------------------------------------
@@ -151,7 +163,7 @@ class ContextPolicy:
 
     def head(self, transcript: Sequence[Message]) -> Head:
         """The head of `transcript`: what every prompt keeps (shared/head.py)."""
-        return head_of(transcript, keep_first_user=self.keep_first_user)
+        return head_of(transcript, keep_first_user=self.keep_first_user, preambles=self.preambles)
 
     def regions(self, transcript: Sequence[Message]) -> tuple[int, int]:
         """(head_end, tail_start): the head's region and the protected recent tail."""

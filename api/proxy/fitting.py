@@ -75,6 +75,7 @@ class Fitter:
     rec: RequestLog
     opened: Opened | None = None  # what the store holds, once read
     degraded: bool = False  # Redis was unreachable: cheap strategies only
+    preambles: frozenset[str] = frozenset()  # the tenant's learned ones (store/openings.py)
     claims: list[Claim] = field(default_factory=list)  # summary jobs to send after the sync
 
     async def first(self) -> Fit:
@@ -89,7 +90,7 @@ class Fitter:
         except StoreUnavailable:
             self._degrade()
             return await self._cheap(1.0)
-        policy = self.svc.policies.get(self.window, counter)
+        policy = self.svc.policies.get(self.window, counter).heading(self.preambles)
         limits = policy.limits(self.window.model)
         tokens = policy.tokens(  # named and frozen as the stored prepare's (api/prepare.py)
             self.messages,
@@ -130,6 +131,7 @@ class Fitter:
                     pressure=pressure,
                     wait_ms=0,
                     rec=self.rec,
+                    preambles=self.preambles,
                 )
             except StoreUnavailable:
                 self._degrade()
@@ -176,7 +178,7 @@ class Fitter:
         """The cheap strategies' fit to `window` less `reply`, keeping `keep` recent turns."""
         counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
         settings = self.svc.settings.model_copy(update={"keep_recent": keep})
-        policy = service_policy(settings, window, reply, counter)
+        policy = service_policy(settings, window, reply, counter).heading(self.preambles)
         prepared = await policy.prepare(self.messages, tools=self.tools, model=self.window.model)
         report = dict(prepared.report or {})
         report["degraded"] = self.degraded
@@ -218,7 +220,7 @@ class Fitter:
     async def _cheap(self, pressure: float) -> Fit:
         """The fit without Redis: cheap strategies, the last ratio seen for the model."""
         counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
-        policy = make_policy(self.svc.settings, self.window, counter)
+        policy = make_policy(self.svc.settings, self.window, counter).heading(self.preambles)
         prepared = await policy.prepare(
             self.messages, tools=self.tools, model=self.window.model, pressure=pressure
         )

@@ -23,11 +23,15 @@ system/developer messages and the person's task (shared/head.py: past a few-shot
 so sessions that open the same way with different tasks differ), without what clients move
 or renew between turns: `cache_control` markers anywhere, Claude Code's per-request
 `x-anthropic-billing-header:` line in its system prompt, and a reminder appended to the
-latest request (aider): the task's last text counts up to its first blank line.
+latest request (aider): the task's last text counts up to its first blank line. The head is
+found past the tenant's learned preambles (`resolved`: shared/store/openings.py), and of the
+two readings of aider's first "I updated the files." / "Ok." (a few-shot close, or a running
+note after the task) the one naming a stored conversation is taken.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
@@ -37,8 +41,10 @@ from typing import Any
 from api.schemas import CONVERSATION_ID
 from shared.errors import InvalidRequest
 from shared.hashing import canonical
-from shared.head import head_of
+from shared.head import Head, head_of, steady, task_key
 from shared.messages import Message
+from shared.store import keys
+from shared.store.openings import TIMEOUT_S, AsyncClient, Openings, faults
 
 HEADER = "x-prefit-conversation"
 DERIVED_PREFIX = "auto-"
@@ -54,17 +60,32 @@ SIGNALS: tuple[tuple[str, str], ...] = (
     ("x-session-id", "opencode"),
     ("x-session-affinity", "opencode"),
 )
-MOVED_KEYS = frozenset({"cache_control"})
-_BILLING_LINE = re.compile(r"(?m)^x-anthropic-billing-header:.*\n?")
 _UUID = re.compile(r"^[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _CLAUDE_USER = re.compile(r"_session_([0-9A-Za-z-]{8,64})$")
 SIGNAL_MAX_CHARS = 512
 
 
 def conversation_id(
-    headers: Mapping[str, str], body: Mapping[str, Any], tenant: str, messages: Sequence[Message]
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    tenant: str,
+    messages: Sequence[Message],
+    preambles: frozenset[str] = frozenset(),
 ) -> str:
     """The request's conversation id (see the module docstring for the order)."""
+    return conversation_ids(headers, body, tenant, messages, preambles)[0]
+
+
+def conversation_ids(
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    tenant: str,
+    messages: Sequence[Message],
+    preambles: frozenset[str] = frozenset(),
+) -> tuple[str, ...]:
+    """The request's conversation id, then the id of the other reading of its head when
+    the transcript alone cannot tell it (`Head.note_task`): the caller takes that one when
+    it names a stored conversation (the session's earlier prompts named it)."""
     named = headers.get(HEADER)
     if named is not None:
         if not _ID.match(named):
@@ -72,17 +93,50 @@ def conversation_id(
                 f"{HEADER} must be 1-128 characters of [A-Za-z0-9._-], starting with a "
                 "letter or digit"
             )
-        return named
+        return (named,)
+    head = head_of(messages, preambles=preambles)
+    keys = [head_key(messages, preambles, head)]
+    if head.note_task is not None:
+        keys.append(_key(messages, head.lead, head.note_task))
     signal = session_signal(headers, body)
     if signal is not None:
         client, value = signal
-        return f"{client}-{_digest(tenant, client, value, head_key(messages))}"
-    return derived_id(tenant, messages)
+        return tuple(f"{client}-{_digest(tenant, client, value, key)}" for key in keys)
+    return tuple(DERIVED_PREFIX + _digest(tenant, key) for key in keys)
 
 
-def derived_id(tenant: str, messages: Sequence[Message]) -> str:
+async def resolved(
+    client: AsyncClient,
+    openings: Openings,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    tenant: str,
+    messages: Sequence[Message],
+) -> tuple[str, frozenset[str]]:
+    """(the request's conversation id, the preambles its head is found past), the tenant's
+    memory of openings read (shared/store/openings.py). Of the two readings of an
+    unconfirmed few-shot close, the one naming a stored conversation."""
+    preambles = await openings.preambles(client, tenant, messages)
+    ids = conversation_ids(headers, body, tenant, messages, preambles)
+    if len(ids) > 1 and await _stored(client, tenant, ids[1]):
+        return ids[1], preambles
+    return ids[0], preambles
+
+
+async def _stored(client: AsyncClient, tenant: str, conv_id: str) -> bool:
+    """Whether `conv_id` names a stored conversation (False when Redis does not say)."""
+    try:
+        found = await asyncio.wait_for(client.exists(keys.conv_meta(tenant, conv_id)), TIMEOUT_S)
+    except faults():
+        return False
+    return bool(found)
+
+
+def derived_id(
+    tenant: str, messages: Sequence[Message], preambles: frozenset[str] = frozenset()
+) -> str:
     """`auto-` + 24 hex digits of BLAKE2b over the tenant and the head's key."""
-    return DERIVED_PREFIX + _digest(tenant, head_key(messages))
+    return DERIVED_PREFIX + _digest(tenant, head_key(messages, preambles))
 
 
 def session_signal(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str] | None:
@@ -123,46 +177,21 @@ def claude_session(metadata: Any) -> str | None:
     return match.group(1) if match else None
 
 
-def head_key(messages: Sequence[Message]) -> str:
+def head_key(
+    messages: Sequence[Message], preambles: frozenset[str] = frozenset(), head: Head | None = None
+) -> str:
     """What of the head every turn of one session resends unchanged, hashed (see above)."""
-    head = head_of(messages)
-    lead = [steady(m) for m in messages[: head.lead]]
-    task = _task_key(messages[head.task]) if head.task is not None else None
-    return hashlib.blake2b(canonical({"lead": lead, "task": task}), digest_size=16).hexdigest()
+    head = head if head is not None else head_of(messages, preambles=preambles)
+    return _key(messages, head.lead, head.task)
 
 
-def steady(value: Any) -> Any:
-    """`value` without what clients move or renew between turns of one session."""
-    if isinstance(value, dict):
-        return {k: steady(v) for k, v in value.items() if k not in MOVED_KEYS}
-    if isinstance(value, list):
-        return [steady(v) for v in value]
-    if isinstance(value, str) and "x-anthropic-billing-header:" in value:
-        return _BILLING_LINE.sub("", value)
-    return value
-
-
-def _task_key(message: Message) -> Any:
-    """The task as every turn resends it: its last text up to the first blank line (a client
-    may append a reminder to the latest request only)."""
-    task = steady(message)
-    content = task.get("content")
-    if isinstance(content, str):
-        return {**task, "content": _first_paragraph(content)}
-    if isinstance(content, list):
-        texts = [
-            i for i, p in enumerate(content) if isinstance(p, dict) and p.get("type") == "text"
-        ]
-        if texts:
-            last = texts[-1]
-            part = content[last]
-            cut = {**part, "text": _first_paragraph(str(part.get("text", "")))}
-            return {**task, "content": [*content[:last], cut, *content[last + 1 :]]}
-    return task
-
-
-def _first_paragraph(text: str) -> str:
-    return text.strip().split("\n\n", 1)[0].rstrip()
+def _key(messages: Sequence[Message], lead: int, task: int | None) -> str:
+    """The head's key with `lead` leading messages and the task at `task`."""
+    steady_lead = [steady(m) for m in messages[:lead]]
+    key = task_key(messages[task]) if task is not None else None
+    return hashlib.blake2b(
+        canonical({"lead": steady_lead, "task": key}), digest_size=16
+    ).hexdigest()
 
 
 def _usable(value: str | None) -> str | None:

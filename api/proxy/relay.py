@@ -29,7 +29,7 @@ from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
-from api.proxy.identity import conversation_id
+from api.proxy.identity import conversation_id, resolved
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough
@@ -164,13 +164,27 @@ class Relay:
         except InvalidTranscript as exc:
             where = f" at message {exc.index}" if exc.index is not None else ""
             return self._skip(f"invalid transcript{where}")
-        assert self.conv_id is not None
+        self.conv_id, preambles = await resolved(
+            self.svc.increments().client,
+            self.svc.openings,
+            self.headers,
+            self.body,
+            self.caller.tenant,
+            messages,
+        )
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
         if len(messages) > self.svc.settings.max_messages:
             return self._skip("too many messages")
         self.fitter = Fitter(
-            self.svc, self.caller.tenant, self.conv_id, messages, tools, window, self.rec
+            self.svc,
+            self.caller.tenant,
+            self.conv_id,
+            messages,
+            tools,
+            window,
+            self.rec,
+            preambles=preambles,
         )
         try:
             return self._fitted(await self.fitter.first())
@@ -189,7 +203,9 @@ class Relay:
         every later step (counting, the stored prepare, the sync) meets objects it has seen
         and compares by identity, paying only for the new messages."""
         try:
-            self.conv_id = conversation_id(self.headers, self.body, self.caller.tenant, messages)
+            tenant = self.caller.tenant  # the memory as this process knows it: `_fit_to` reads it
+            preambles = self.svc.openings.cached(tenant, messages)
+            self.conv_id = conversation_id(self.headers, self.body, tenant, messages, preambles)
         except (AttributeError, TypeError, KeyError):  # not messages: validation says why
             self.svc.validated.validate(messages)
             raise

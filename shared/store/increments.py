@@ -103,6 +103,11 @@ class AsyncIncrements:
         self._r = client
         self._sha = _sha1(SINCE)
 
+    @property
+    def client(self) -> redis.asyncio.Redis | AsyncRedisCluster:
+        """The asyncio client it reads with (other short reads of the loop share it)."""
+        return self._r
+
     async def aclose(self) -> None:
         await self._r.aclose()
 

@@ -12,8 +12,9 @@ every Lua script and MULTI may only touch one slot. Three kinds of tag:
   and blocks). A conversation's scripts stay in its slot, and a tenant's conversations spread
   over the whole cluster.
 - `{<tenant>}`: what belongs to the tenant as a whole: calibration ratios, usage, dead letters,
-  and the *directory* of record copies by prefix hash (`directory`), which lets a forked
-  conversation reuse a summary and a stateless prepare find one (shared/store/directory.py).
+  the memory of repeated openings (`opening`: hashes only, shared/store/openings.py), and the
+  *directory* of record copies by prefix hash (`directory`), which lets a forked conversation
+  reuse a summary and a stateless prepare find one (shared/store/directory.py).
 - `{inflight:<queue>}` and `{global:breakers}`: a summary queue's in-flight registry (ids and
   hashes of running jobs, never content) and the summarizer breakers (they describe a provider
   configuration: a digest of it, its failures and pause). Neither is a valid tenant id.
@@ -165,6 +166,17 @@ def usage(tenant: str) -> str:
 def dead_letters(tenant: str) -> str:
     """LIST of JSON dead letters, newest first."""
     return f"{_tenant(tenant)}:deadletters"
+
+
+_MESSAGE_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def opening(tenant: str, message_key: str) -> str:
+    """STRING: the `message_key` of the user message that followed this opening (a
+    `message_key`) in the first conversation of the tenant it opened (shared/store/openings.py)."""
+    if not isinstance(message_key, str) or not _MESSAGE_KEY.fullmatch(message_key):
+        raise ConfigError(f"invalid message key {message_key!r}: expected 32 hex digits")
+    return f"{_tenant(tenant)}:opening:{message_key}"
 
 
 def ratio(tenant: str, model: str | None) -> str:

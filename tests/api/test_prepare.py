@@ -21,6 +21,7 @@ from shared.summaries import SummaryRecord
 from shared.summarize import summary_message
 from tests.api.conftest import Recorder
 from tests.api.helpers import body, call, chat, conv_id, result, user
+from tests.shared import preambles
 
 REPORT_KEYS = {
     "tokens_before", "tokens_after", "budget", "applied", "summary", "dropped_groups", "stale",
@@ -293,3 +294,22 @@ def test_stateless_prepare_refuses_a_lone_surrogate(client: TestClient, model: s
     raw = f'{{"model": "{model}", "messages": [{{"role": "user", "content": {content}}}]}}'
     r = client.post("/v1/prepare", content=raw, headers={"Content-Type": "application/json"})
     assert r.status_code == 422 and r.json()["error"]["type"] == "InvalidTranscript"
+
+
+def test_a_stored_prepare_keeps_the_task_behind_a_learned_preamble(
+    client: TestClient, model: str
+) -> None:
+    """Conversations of one tenant opening with one instruction block: the first loses its
+    task past the window, the second keeps it once the memory learned the block."""
+    tasks = ("Fix the login bug in auth.py", "Port the CLI to click")
+    kept = []
+    for task in tasks:
+        cid = conv_id()
+        messages = preambles.prompts(task, 40)[-1]
+        put = client.put(f"/v1/conversations/{cid}", json=body(messages, model))
+        assert put.status_code == 200, put.text
+        r = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model})
+        assert r.status_code == 200, r.text
+        assert r.json()["report"]["tokens_after"] < r.json()["report"]["tokens_before"]
+        kept.append(task in str(r.json()["messages"]))
+    assert kept == [False, True]

@@ -9,12 +9,12 @@ import pytest
 
 from shared.counters import HeuristicCounter
 from shared.extractive import ExtractiveSummarizer
-from shared.head import GAP_MAX_CHARS, head_of
+from shared.head import GAP_MAX_CHARS, head_of, message_key, opening
 from shared.messages import Message
 from shared.policy import ContextPolicy
 from shared.strategies.drop import marker_counts
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
-from tests.shared import aider
+from tests.shared import aider, preambles
 from tests.shared.generated import tool_call
 from tests.shared.invariants import check
 
@@ -222,3 +222,38 @@ def test_aider_session_summarized_inline_keeps_its_task_and_first_request(window
             summarized += 1
             assert aider.request(1, TEMPLATE_TASK) in str(summary["content"]), step
     assert summarized > 10
+
+
+def test_a_learned_preamble_moves_the_task_to_the_next_request() -> None:
+    """Given the opening's key as a preamble, the task is the next user message; the opening
+    stays in the head; other keys change nothing."""
+    msgs = preambles.prompts("Port the CLI to click", 4)[3]
+    plain = head_of(msgs)
+    assert plain.task == 1 and plain.final
+    key = message_key(msgs[1])
+    head = head_of(msgs, preambles=frozenset({key}))
+    assert head.task == 3 and head.final and head.protects(1) and head.protects(3)
+    assert head_of(msgs, preambles=frozenset({message_key(msgs[3])})) == plain
+    assert opening(msgs) == (key, message_key(msgs[3]))
+    assert opening(preambles.opened("x")[:2]) is None  # no follow-up yet: nothing to learn
+
+
+def test_message_keys_ignore_moved_markers_and_an_appended_reminder() -> None:
+    """A message's key is the same however a client marks it or appends a reminder to it."""
+    text = {"role": "user", "content": [{"type": "text", "text": "Port the CLI"}]}
+    marked = {"role": "user", "content": [{**text["content"][0], "cache_control": {"t": 1}}]}
+    reminded = {"role": "user", "content": "Port the CLI\n\n# Rules: use blocks"}
+    assert message_key(text) == message_key(marked)
+    assert message_key(reminded) == message_key({"role": "user", "content": "Port the CLI"})
+    assert message_key(text) != message_key({"role": "user", "content": "Port the CL"})
+
+
+def test_an_unconfirmed_few_shot_close_offers_the_first_user_message() -> None:
+    """aider with its examples in the system prompt: at the second prompt the note reads as a
+    few-shot close, and `note_task` names the first user message (the session's task)."""
+    prompts = aider.prompts(TEMPLATE_TASK, 4, examples=False)
+    second = head_of(prompts[1])
+    assert second.note_task == 1 and second.task != 1
+    assert [head_of(p).note_task for k, p in enumerate(prompts) if k != 1] == [None] * 3
+    confirmed = head_of(aider.prompts(TEMPLATE_TASK, 2)[1])  # the examples as messages
+    assert confirmed.note_task is None and confirmed.final

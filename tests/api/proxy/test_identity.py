@@ -8,13 +8,14 @@ from typing import Any
 import httpx
 import pytest
 
-from api.proxy.identity import conversation_id, derived_id, session_signal
+from api.proxy.identity import conversation_id, conversation_ids, derived_id, session_signal
 from shared.errors import InvalidRequest
 from shared.formats import from_anthropic, to_anthropic
+from shared.head import message_key
 from shared.messages import Message
 from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import Proxy
-from tests.shared import aider
+from tests.shared import aider, preambles
 
 SYSTEM: Message = {"role": "system", "content": "You are a careful agent."}
 HEAD = [SYSTEM, user("Fix the flaky test in tests/test_cache.py")]
@@ -138,11 +139,70 @@ def test_aider_sessions_on_different_tasks_get_different_ids_each_kept_throughou
     assert len(one) == 1 and len(two) == 1 and one != two
 
 
-def test_aider_without_examples_keeps_its_id_but_on_the_second_prompt() -> None:
+def test_aider_with_examples_in_its_system_prompt_offers_the_sessions_id_at_the_second() -> None:
     """With the examples in the system prompt, aider's "I updated the files." note reads as a
-    few-shot close until it recurs: the second prompt alone gets another id (head.py)."""
-    ids = [derived_id("a", p) for p in aider.prompts("Port utils.py", 6, examples=False)]
-    assert ids[0] == ids[2] == ids[3] == ids[4] == ids[5]
+    few-shot close until it recurs: the second prompt's other reading is the session's id."""
+    prompts = aider.prompts("Port utils.py", 8, examples=False)
+    ids = [conversation_ids({}, {}, "a", p) for p in prompts]
+    session = ids[0][0]
+    assert [i for i in ids if i[0] != session] == [ids[1]]
+    assert ids[1][1] == session
+    assert all(len(i) == 1 for k, i in enumerate(ids) if k != 1)
+
+
+def test_a_learned_preamble_gives_each_session_its_own_id() -> None:
+    """Same preamble, different tasks: one id by the transcript alone, one each once the
+    tenant's memory names the preamble, the same at every turn."""
+    tasks = ("Fix the login bug", "Add a dark mode")
+    plain = {derived_id("a", preambles.prompts(t, 1)[0]) for t in tasks}
+    assert len(plain) == 1  # the transcript alone cannot tell them apart
+    learned = frozenset({message_key({"role": "user", "content": preambles.PREAMBLE})})
+    ids = [{derived_id("a", p, learned) for p in preambles.prompts(t, 6)} for t in tasks]
+    assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
+
+
+def claude_code_body(turn: int, system: str = "You are Claude Code.") -> dict[str, Any]:
+    """Claude Code's request at `turn` of a session: the billing line renewed, `cache_control`
+    moved onto the newest blocks, tool use and results between, its session in the metadata."""
+    marker = {"type": "ephemeral"}
+    billing = f"x-anthropic-billing-header: cc_version=2.1.80.{turn:03x}; cch={turn:05x};"
+    task = [
+        {"type": "text", "text": "<system-reminder>CLAUDE.md says: be brief</system-reminder>"},
+        {"type": "text", "text": "Rename the cache module to store"},
+    ]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    for k in range(turn):
+        use = {"type": "tool_use", "id": f"t{k}", "name": "Bash", "input": {"command": f"ls {k}"}}
+        done = {"type": "tool_result", "tool_use_id": f"t{k}", "content": "cache.py " * 200}
+        messages += [
+            {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, use]},
+            {"role": "user", "content": [done]},
+        ]
+    messages[-1]["content"][-1]["cache_control"] = marker
+    return {
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 64,
+        "system": [
+            {"type": "text", "text": billing},
+            {"type": "text", "text": system, "cache_control": marker},
+        ],
+        "messages": messages,
+        "metadata": {"user_id": f"user_{'0' * 64}_account__session_{SESSION}"},
+    }
+
+
+def test_a_long_claude_code_session_keeps_one_id_and_its_side_requests_get_their_own() -> None:
+    """40 turns of moved markers and renewed billing lines: one id; a title request and a
+    sub-agent of the same session (other system prompts): ids of their own."""
+
+    def cc_id(body: dict[str, Any]) -> str:
+        return conversation_id({}, body, "a", from_anthropic(body["system"], body["messages"]))
+
+    ids = {cc_id(claude_code_body(t)) for t in range(40)}
+    assert len(ids) == 1 and next(iter(ids)).startswith("claude-")
+    title = cc_id(claude_code_body(0, "Generate a concise title for this conversation."))
+    sub = cc_id(claude_code_body(3, "You are a file search specialist for Claude Code."))
+    assert len({*ids, title, sub}) == 3
 
 
 def post_chat(proxy: Proxy, messages: list[Message]) -> httpx.Response:
@@ -206,3 +266,70 @@ def test_anthropic_requests_read_claude_codes_session(proxy: Proxy) -> None:
     )
     assert r.status_code == 200
     assert r.headers["x-prefit-conversation"].startswith("claude-")
+
+
+def test_a_long_aider_session_with_its_examples_in_the_system_prompt_is_one_conversation(
+    proxy: Proxy,
+) -> None:
+    """40 prompts of aider with its examples in the system prompt, far past the window: one
+    conversation, the task in every forwarded prompt, no overflow."""
+    task = "Add a --verbose flag to cli.py"
+    prompts = aider.prompts(task, 40, examples=False, answer_chars=2000, file_chars=2000)
+    ids = set()
+    for step, prompt in enumerate(prompts):
+        r = post_chat(proxy, prompt)
+        assert r.status_code == 200, step
+        ids.add(r.headers["x-prefit-conversation"])
+        assert task in str(proxy.fake.received[-1].body["messages"]), step
+    assert len(ids) == 1
+    assert proxy.fake.received[-1].body["messages"] != prompts[-1]  # fitted, not forwarded as is
+    assert all(got.status == 200 for got in proxy.fake.received)
+
+
+def test_the_third_conversation_behind_a_learned_preamble_keeps_its_task(proxy: Proxy) -> None:
+    """A tenant's conversations open with the same instruction block: the first loses its task
+    past the window (the transcript alone takes the block for it), the next ones keep theirs
+    in every prompt once the memory learned the block; three conversations."""
+    tasks = ("Fix the login bug in auth.py", "Add a dark mode toggle", "Port the CLI to click")
+    ids: list[set[str]] = [set(), set(), set()]
+    kept: list[list[bool]] = [[], [], []]
+    fitted = 0
+    for k, steps in enumerate((24, 1, 24)):
+        for prompt in preambles.prompts(tasks[k], steps):
+            r = post_chat(proxy, prompt)
+            assert r.status_code == 200, (k, len(prompt))
+            ids[k].add(r.headers["x-prefit-conversation"])
+            kept[k].append(tasks[k] in str(proxy.fake.received[-1].body["messages"]))
+            fitted += k == 2 and r.headers["x-prefit-fit"] == "applied"
+    assert fitted > 5
+    assert not all(kept[0])  # without the memory the task is cut: the test can tell
+    assert all(kept[2])
+    assert all(len(i) == 1 for i in ids) and len(set.union(*ids)) == 3
+    assert all(got.status == 200 for got in proxy.fake.received)
+
+
+def test_a_long_claude_code_session_through_the_proxy_is_one_conversation(proxy: Proxy) -> None:
+    """Claude Code's turns through /v1/messages, past the window: one conversation."""
+    ids = set()
+    for turn in range(0, 40, 3):
+        body = {**claude_code_body(turn), "model": proxy.model}
+        r = httpx.post(
+            f"{proxy.url}/v1/messages", headers={"x-api-key": proxy.key}, json=body, timeout=30
+        )
+        assert r.status_code == 200, turn
+        ids.add(r.headers["x-prefit-conversation"])
+    assert len(ids) == 1 and next(iter(ids)).startswith("claude-")
+
+
+def test_two_concurrent_aider_sessions_with_examples_in_the_system_prompt(proxy: Proxy) -> None:
+    """Interleaved, the second prompts of two such sessions each find their own session's
+    id (the other reading of the note names it), never the other's."""
+    tasks = ("Add a --verbose flag to cli.py", "Port utils.py to pathlib")
+    sessions = [aider.prompts(t, 8, examples=False, answer_chars=300) for t in tasks]
+    ids: list[set[str]] = [set(), set()]
+    for step in range(8):
+        for k in (0, 1):
+            r = post_chat(proxy, sessions[k][step])
+            assert r.status_code == 200, (step, k)
+            ids[k].add(r.headers["x-prefit-conversation"])
+    assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]

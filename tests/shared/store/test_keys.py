@@ -42,6 +42,7 @@ def _tenant_keys(tenant: str) -> list[str]:
         keys.ratio(tenant, "x:y*{z}"),
         keys.directory(tenant, H),
         keys.directory_refs(tenant, H),
+        keys.opening(tenant, "0" * 32),
     ]
 
 
@@ -139,3 +140,10 @@ def test_a_queues_inflight_registry_is_one_slot_whatever_its_name() -> None:
         assert key_slot(deadlines.encode()) == key_slot(jobs.encode())
         assert deadlines.count("{") == 1 and " " not in deadlines
     assert keys.inflight_jobs("a") != keys.inflight_jobs("b")
+
+
+@pytest.mark.parametrize("value", ["", "0" * 31, "G" * 32, "0" * 32 + "}", "v2:" + "0" * 32])
+def test_opening_keys_take_message_keys_only(value: str) -> None:
+    """An opening key is built from 32 lowercase hex digits, nothing else."""
+    with pytest.raises(ConfigError):
+        keys.opening("acme", value)
