@@ -9,15 +9,20 @@ found in a streamed answer's `message_start` event. The upstream is authenticate
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
 from shared.errors import InvalidTranscript
-from shared.formats import from_anthropic, to_anthropic
-from shared.formats.blocks import user_blocks
+from shared.formats.anthropic import call_ids, converted_message, to_anthropic, unmarked
+from shared.formats.blocks import check_system, user_blocks, validate_message
 from shared.messages import Message, ToolSpec
 
 API_VERSION = "2023-06-01"  # sent when the client names none
@@ -58,6 +63,134 @@ def source_index(system: Any, given: list[Any], index: int | None) -> int | None
     return None
 
 
+@dataclass(frozen=True)
+class _Converted:
+    """One transcript's Anthropic messages (the parsed objects), what each converted to
+    (without its `cache_control` markers), the bytes of JSON before each message, and, by
+    the id of each conversion's first message, the Anthropic message it came from."""
+
+    given: list[Any]
+    groups: list[list[Message]]
+    sizes: list[int]  # len(given) + 1 prefix sums
+    sources: dict[int, tuple[Any, list[Message]]]
+
+
+class Conversions:
+    """The Anthropic messages of recent transcripts and their conversions, by identity.
+
+    A body that resends an earlier one's messages holds that body's own parsed objects
+    for them (`ResentBodies`: equal bytes), so a message object seen before converts to
+    the objects it converted to then, and only the new messages are converted: every
+    later step (the stored conversation's own objects, the validation and counting memos)
+    then meets objects it has seen and compares by identity. Markers are left out of the
+    conversion, so the message that held last turn's marker converts as it is stored; the
+    fitted prompt gets them back from the client's message objects it kept (`restore`).
+    Bounded by transcripts and by their messages' bytes of JSON; the objects are mostly
+    those the body cache holds too.
+    """
+
+    def __init__(self, max_entries: int = 256, max_bytes: int = 128 * 1024 * 1024) -> None:
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: OrderedDict[int, _Converted] = OrderedDict()  # by id(given[0])
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def convert(self, given: list[Any]) -> list[list[Message]]:
+        """What each of `given` converts to (validated, `InvalidTranscript` with its index)."""
+        old = self._entry(given)
+        k = _shared(old.given, given) if old is not None else 0
+        groups = list(old.groups[:k]) if old is not None else []
+        pending = call_ids(groups[-1][-1]) if groups else None
+        for i in range(k, len(given)):
+            validate_message(given[i], i, pending)
+            groups.append(converted_message(unmarked(given[i])))
+            pending = call_ids(groups[-1][-1])
+        if given:
+            self._keep(given, groups, old, k)
+        return groups
+
+    def adopt(self, given: list[Any], messages: Sequence[Message]) -> None:
+        """Keep `messages` (equal to the conversions of `given`, in order: the stored
+        conversation's own objects) as those conversions, for the next body."""
+        entry = self._entry(given)
+        if entry is None or entry.given is not given:
+            return
+        at, groups, sources = 0, [], None
+        for m, old in zip(given, entry.groups, strict=True):
+            group = list(messages[at : at + len(old)])
+            at += len(old)
+            if any(a is not b for a, b in zip(group, old, strict=False)):
+                sources = dict(entry.sources) if sources is None else sources
+                sources.pop(id(old[0]), None)
+                sources[id(group[0])] = (m, group)
+                groups.append(group)
+            else:
+                groups.append(old)
+        if at != len(messages) or sources is None:
+            return
+        with self._lock:
+            if self._entries.get(id(given[0])) is entry:
+                self._entries[id(given[0])] = _Converted(given, groups, entry.sizes, sources)
+
+    def restore(
+        self,
+        given: Any,
+        messages: Sequence[Message],
+        out: list[dict[str, Any]],
+        spans: list[tuple[int, int]],
+    ) -> None:
+        """Put the client's own message (markers included) in place of each of `out`
+        made from the very objects it converted to (`spans`: from `to_anthropic`)."""
+        entry = self._entry(given) if isinstance(given, list) else None
+        if entry is None:
+            return
+        for j, (a, b) in enumerate(spans):
+            found = entry.sources.get(id(messages[a]))
+            if (
+                found is not None
+                and len(found[1]) == b - a
+                and all(messages[a + t] is m for t, m in enumerate(found[1]))
+            ):
+                out[j] = found[0]
+
+    def _entry(self, given: list[Any]) -> _Converted | None:
+        if not given:
+            return None
+        with self._lock:
+            found = self._entries.get(id(given[0]))
+        return found if found is not None and found.given[0] is given[0] else None
+
+    def _keep(
+        self, given: list[Any], groups: list[list[Message]], old: _Converted | None, k: int
+    ) -> None:
+        sources = dict(old.sources) if old is not None else {}
+        sizes = old.sizes[: k + 1] if old is not None else [0]
+        for group in old.groups[k:] if old is not None else ():
+            sources.pop(id(group[0]), None)
+        for i in range(k, len(given)):
+            sources[id(groups[i][0])] = (given[i], groups[i])
+            sizes.append(sizes[-1] + len(orjson.dumps(given[i])))
+        entry = _Converted(given, groups, sizes, sources)
+        key = id(given[0])
+        with self._lock:
+            gone = self._entries.pop(key, None)
+            self._bytes += sizes[-1] - (gone.sizes[-1] if gone is not None else 0)
+            self._entries[key] = entry
+            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+                self._bytes -= self._entries.popitem(last=False)[1].sizes[-1]
+
+
+def _shared(old: list[Any], new: list[Any]) -> int:
+    """How many of `new` are, from the start, the very objects of `old`."""
+    k, n = 0, min(len(old), len(new))
+    while k < n and old[k] is new[k]:
+        k += 1
+    return k
+
+
+CONVERSIONS = Conversions()  # the process's
+
+
 class StartTap:
     """Reads the prompt count from `message_start`; keeps every event."""
 
@@ -86,17 +219,23 @@ class AnthropicDialect:
         if not isinstance(given, list):
             raise InvalidTranscript("'messages' must be a list")
         system = body.get("system")
-        messages = from_anthropic(system, given)
+        check_system(system)
+        groups = CONVERSIONS.convert(given)
+        head: list[Message] = [] if system is None else [{"role": "system", "content": system}]
+        messages = [*head, *(m for g in groups for m in g)]
         try:  # what converts may still break prefit's own rules (a call left unanswered)
             messages = check(messages)
         except InvalidTranscript as exc:
             at = source_index(system, given, exc.index)
             raise InvalidTranscript(exc.reason, at) from None
+        CONVERSIONS.adopt(given, messages[len(head) :])
         tools = body.get("tools")
         return messages, list(tools) if isinstance(tools, list) else []
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
-        system, converted = to_anthropic(messages)
+        spans: list[tuple[int, int]] = []
+        system, converted = to_anthropic(messages, spans=spans)
+        CONVERSIONS.restore(body.get("messages"), messages, converted, spans)
         out = {**body, "messages": converted}
         if system is None:
             out.pop("system", None)

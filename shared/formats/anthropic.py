@@ -35,7 +35,15 @@ from shared.formats.blocks import (
 )
 from shared.messages import HEAD_ROLES, Message, ToolSpec, validate
 
-__all__ = ["from_anthropic", "to_anthropic", "tools_from_anthropic", "tools_to_anthropic"]
+__all__ = [
+    "call_ids",
+    "converted_message",
+    "from_anthropic",
+    "to_anthropic",
+    "tools_from_anthropic",
+    "tools_to_anthropic",
+    "unmarked",
+]
 
 System = str | list[dict[str, Any]] | None
 
@@ -58,18 +66,46 @@ def from_anthropic(
     pending = _call_ids(previous) if previous is not None else None
     for i, m in enumerate(messages):
         validate_message(m, i, pending)
-        if m["role"] == "assistant":
-            converted = _assistant(m["content"])
-            pending = _call_ids(converted)
-            out.append(converted)
-        elif m["role"] == "system":
-            marks = {"in_messages": True}
-            out.append({"role": "system", "content": m["content"], "anthropic": marks})
-            pending = None
-        else:
-            out.extend(_user(m["content"]))
-            pending = None
+        converted = converted_message(m)
+        pending = call_ids(converted[-1])
+        out.extend(converted)
     return out
+
+
+def converted_message(m: dict[str, Any]) -> list[Message]:
+    """The OpenAI-format messages of one valid Anthropic message (`validate_message`)."""
+    if m["role"] == "assistant":
+        return [_assistant(m["content"])]
+    if m["role"] == "system":
+        return [{"role": "system", "content": m["content"], "anthropic": {"in_messages": True}}]
+    return _user(m["content"])
+
+
+def unmarked(m: dict[str, Any]) -> dict[str, Any]:
+    """`m` without the `cache_control` markers of its blocks (`m` itself when it has none;
+    a lone marked text block becomes the string it marked). Clients move markers between
+    turns (Claude Code marks the last message), so a message that lost its marker would
+    otherwise differ from the same message stored a turn ago."""
+    content = m.get("content")
+    if not isinstance(content, list) or not any(
+        isinstance(b, dict) and "cache_control" in b for b in content
+    ):
+        return m
+    blocks = [
+        {k: v for k, v in b.items() if k != "cache_control"}
+        if isinstance(b, dict) and "cache_control" in b
+        else b
+        for b in content
+    ]
+    if len(blocks) == 1 and blocks[0].keys() == {"type", "text"} and blocks[0]["type"] == "text":
+        # a plain prompt is a string, but a text block to carry its marker (Claude Code)
+        return {**m, "content": blocks[0]["text"]}
+    return {**m, "content": blocks}
+
+
+def call_ids(m: Message) -> set[str] | None:
+    """The tool-call ids the message after `m` may answer (None unless `m` makes calls)."""
+    return _call_ids(m)
 
 
 def _call_ids(m: Message) -> set[str] | None:
@@ -142,13 +178,16 @@ def _extra(block: dict[str, Any], consumed: set[str]) -> dict[str, Any]:
 # --- OpenAI -> Anthropic ---------------------------------------------------------------------
 
 
-def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, Any]]]:
+def to_anthropic(
+    messages: Sequence[Message], *, spans: list[tuple[int, int]] | None = None
+) -> tuple[System, list[dict[str, Any]]]:
     """The Anthropic `(system, messages)` for OpenAI-format messages.
 
     Leading system/developer messages become `system` (those marked `in_messages` stay
     messages, in place); a run of tool messages becomes one user turn of `tool_result`
     blocks. Raises `InvalidTranscript` for what Anthropic cannot express (an unmarked system
-    message after the start, tool arguments that are not a JSON object).
+    message after the start, tool arguments that are not a JSON object). `spans`, when
+    given, receives the range of `messages` each Anthropic message was made from.
     """
     msgs = validate(messages)
     start = 0
@@ -158,11 +197,14 @@ def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, An
     out: list[dict[str, Any]] = []
     i = start
     while i < len(msgs):
+        at = i
         if msgs[i]["role"] == "tool":
             i = _tool_turn(msgs, i, out)
-            continue
-        out.append(_message(msgs[i], i))
-        i += 1
+        else:
+            out.append(_message(msgs[i], i))
+            i += 1
+        if spans is not None:
+            spans.append((at, i))
     return system, out
 
 
