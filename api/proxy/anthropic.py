@@ -85,11 +85,12 @@ class Conversions:
     then meets objects it has seen and compares by identity. Markers are left out of the
     conversion, so the message that held last turn's marker converts as it is stored; the
     fitted prompt gets them back from the client's message objects it kept (`restore`).
-    Bounded by transcripts and by their messages' bytes of JSON; the objects are mostly
-    those the body cache holds too.
+    Bounded by transcripts and by memory, each weighed twice its messages' JSON (the
+    conversions: half that, measured; the parsed objects, mostly the body cache's too,
+    1.5x, kept alive here when the body cache has let them go).
     """
 
-    def __init__(self, max_entries: int = 256, max_bytes: int = 128 * 1024 * 1024) -> None:
+    def __init__(self, max_entries: int = 256, max_bytes: int = 256 * 1024 * 1024) -> None:
         self.max_entries, self.max_bytes = max_entries, max_bytes
         self._entries: OrderedDict[int, _Converted] = OrderedDict()  # by id(given[0])
         self._bytes = 0
@@ -174,10 +175,10 @@ class Conversions:
         key = id(given[0])
         with self._lock:
             gone = self._entries.pop(key, None)
-            self._bytes += sizes[-1] - (gone.sizes[-1] if gone is not None else 0)
+            self._bytes += 2 * (sizes[-1] - (gone.sizes[-1] if gone is not None else 0))
             self._entries[key] = entry
             while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-                self._bytes -= self._entries.popitem(last=False)[1].sizes[-1]
+                self._bytes -= 2 * self._entries.popitem(last=False)[1].sizes[-1]
 
 
 def _shared(old: list[Any], new: list[Any]) -> int:

@@ -8,6 +8,8 @@ import anthropic
 import httpx
 import pytest
 
+from api.proxy.anthropic import AnthropicDialect, Conversions
+from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
 from tests.api.conftest import WINDOW
 from tests.api.helpers import user
@@ -191,3 +193,89 @@ def test_system_messages_among_the_messages_are_fitted_and_kept_in_place(proxy: 
     assert got["messages"][:2] == sent_in[:2]
     assert got["messages"][-2:] == [note, user("go on")]
     assert sent_fits(from_anthropic(None, got["messages"]), [])
+
+
+# --- conversions by identity -----------------------------------------------------------------
+
+MARK = {"type": "ephemeral"}
+
+
+def tool_round(k: int, mark: bool = False) -> list[dict[str, Any]]:
+    """An assistant's tool call and the user turn answering it (its block marked if `mark`)."""
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "ok"}
+    if mark:
+        result["cache_control"] = MARK
+    use = {"type": "tool_use", "id": f"toolu_{k}", "name": "bash", "input": {"cmd": f"ls {k}"}}
+    return [
+        {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, use]},
+        {"role": "user", "content": [result]},
+    ]
+
+
+def test_a_message_object_seen_before_converts_to_the_same_objects() -> None:
+    """The messages a resent body shares with the last one (the same parsed objects) convert
+    to the objects they converted to; new ones are converted, all as `from_anthropic` does."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    before = conversions.convert(first)
+    resent = [*first, *tool_round(1)]
+    after = conversions.convert(resent)
+    assert all(a is b for a, b in zip(after, before, strict=False))
+    assert [m for g in after for m in g] == from_anthropic(None, resent)
+
+
+def test_a_message_edited_in_place_is_converted_again() -> None:
+    """A message the client changed (new bytes, so a new object) converts afresh."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    conversions.convert(first)
+    edited = [first[0], {"role": "assistant", "content": "changed my mind"}, *tool_round(1)]
+    got = conversions.convert(edited)
+    assert got[1] == [{"role": "assistant", "content": "changed my mind"}]
+    assert [m for g in got for m in g] == from_anthropic(None, edited)
+
+
+def test_a_tool_result_after_remembered_messages_is_still_checked() -> None:
+    """A result answering no call of the (remembered) message before it is refused, with its
+    index, as when the whole transcript is converted."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    conversions.convert(first)
+    wrong = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope"}]}
+    with pytest.raises(InvalidTranscript) as caught:
+        conversions.convert([*first[:2], wrong])
+    assert caught.value.index == 2
+
+
+def test_moved_markers_convert_alike_and_come_back_upstream() -> None:
+    """A message that held last turn's `cache_control` converts as it does without it, and
+    the prompt sent gets the client's markers back on the messages it kept."""
+    dialect = AnthropicDialect()
+    system = [{"type": "text", "text": "sys", "cache_control": MARK}]
+    task = {"role": "user", "content": [{"type": "text", "text": TASK, "cache_control": MARK}]}
+    turn1 = [task, *tool_round(0, mark=True)]
+    one, _ = dialect.transcript({"system": system, "messages": turn1}, lambda m: m)
+    turn2 = [{"role": "user", "content": TASK}, *tool_round(0), *tool_round(1, mark=True)]
+    two, _ = dialect.transcript({"system": system, "messages": turn2}, lambda m: m)
+    assert two[: len(one)] == one and "cache_control" not in str(two[1:])
+    body = {"system": system, "messages": turn2}
+    sent = dialect.with_messages(body, two)
+    assert sent["messages"] == turn2 and sent["system"] == system
+
+
+def test_a_fitted_prompt_keeps_the_markers_of_the_messages_it_kept(proxy: Proxy) -> None:
+    """Two turns of a session whose marker moves to the last message: the fitted prompt of
+    each carries it on its last message only, as the client sent it."""
+    system, messages = to_anthropic(agent_session(60))
+    turn1 = [*messages, *tool_round(0, mark=True)]
+    turn2 = [*messages, *tool_round(0), *tool_round(1, mark=True)]
+    for turn in (turn1, turn2):
+        r = httpx.post(
+            f"{proxy.url}/v1/messages",
+            headers={"x-api-key": proxy.key, "anthropic-version": "2023-06-01"},
+            json={"model": proxy.model, "max_tokens": 64, "system": system, "messages": turn},
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-prefit-fit"] == "applied"
+        sent = proxy.fake.received[-1].body["messages"]
+        assert sent[-1] == turn[-1] and "cache_control" not in str(sent[:-1])
