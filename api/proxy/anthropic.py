@@ -15,8 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from api.proxy.codec import dumps
 from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
@@ -83,8 +82,9 @@ class Conversions:
     the objects it converted to then, and only the new messages are converted: every
     later step (the stored conversation's own objects, the validation and counting memos)
     then meets objects it has seen and compares by identity. Markers are left out of the
-    conversion, so the message that held last turn's marker converts as it is stored; the
-    fitted prompt gets them back from the client's message objects it kept (`restore`).
+    conversion, so the message that held last turn's marker (new bytes, a new object)
+    converts to the objects it converted to, found by content; the fitted prompt gets the
+    markers back from the client's message objects, as last sent (`restore`).
     Bounded by transcripts and by memory, each weighed twice its messages' JSON (the
     conversions: half that, measured; the parsed objects, mostly the body cache's too,
     1.5x, kept alive here when the body cache has let them go).
@@ -104,7 +104,12 @@ class Conversions:
         pending = call_ids(groups[-1][-1]) if groups else None
         for i in range(k, len(given)):
             validate_message(given[i], i, pending)
-            groups.append(converted_message(unmarked(given[i])))
+            m = unmarked(given[i])
+            # a message that lost its marker (new bytes, so a new object): as it converted
+            if old is not None and i < len(old.given) and m == unmarked(old.given[i]):
+                groups.append(old.groups[i])
+            else:
+                groups.append(converted_message(m))
             pending = call_ids(groups[-1][-1])
         if given:
             self._keep(given, groups, old, k)
@@ -133,26 +138,20 @@ class Conversions:
             if self._entries.get(id(given[0])) is entry:
                 self._entries[id(given[0])] = _Converted(given, groups, entry.sizes, sources)
 
-    def restore(
-        self,
-        given: Any,
-        messages: Sequence[Message],
-        out: list[dict[str, Any]],
-        spans: list[tuple[int, int]],
-    ) -> None:
-        """Put the client's own message (markers included) in place of each of `out`
-        made from the very objects it converted to (`spans`: from `to_anthropic`)."""
+    def sent(self, given: Any) -> Callable[[Sequence[Message], int], tuple[Any, int] | None]:
+        """For `to_anthropic`: the client's own message (markers included) that the very
+        objects at `messages[i:]` were converted from, as last sent in `given`."""
         entry = self._entry(given) if isinstance(given, list) else None
-        if entry is None:
-            return
-        for j, (a, b) in enumerate(spans):
-            found = entry.sources.get(id(messages[a]))
-            if (
-                found is not None
-                and len(found[1]) == b - a
-                and all(messages[a + t] is m for t, m in enumerate(found[1]))
+
+        def known(messages: Sequence[Message], i: int) -> tuple[Any, int] | None:
+            found = entry.sources.get(id(messages[i])) if entry is not None else None
+            if found is None or not all(
+                a is b for a, b in zip(messages[i : i + len(found[1])], found[1], strict=False)
             ):
-                out[j] = found[0]
+                return None
+            return (found[0], len(found[1])) if i + len(found[1]) <= len(messages) else None
+
+        return known
 
     def _entry(self, given: list[Any]) -> _Converted | None:
         if not given:
@@ -170,7 +169,7 @@ class Conversions:
             sources.pop(id(group[0]), None)
         for i in range(k, len(given)):
             sources[id(groups[i][0])] = (given[i], groups[i])
-            sizes.append(sizes[-1] + len(orjson.dumps(given[i])))
+            sizes.append(sizes[-1] + len(dumps(given[i])))
         entry = _Converted(given, groups, sizes, sources)
         key = id(given[0])
         with self._lock:
@@ -234,9 +233,7 @@ class AnthropicDialect:
         return messages, list(tools) if isinstance(tools, list) else []
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
-        spans: list[tuple[int, int]] = []
-        system, converted = to_anthropic(messages, spans=spans)
-        CONVERSIONS.restore(body.get("messages"), messages, converted, spans)
+        system, converted = to_anthropic(messages, sent=CONVERSIONS.sent(body.get("messages")))
         out = {**body, "messages": converted}
         if system is None:
             out.pop("system", None)

@@ -22,7 +22,7 @@ content lacks, so a placeholder or a truncated output converts back as it now is
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.errors import InvalidTranscript
@@ -178,16 +178,20 @@ def _extra(block: dict[str, Any], consumed: set[str]) -> dict[str, Any]:
 # --- OpenAI -> Anthropic ---------------------------------------------------------------------
 
 
+Sent = Callable[[Sequence[Message], int], tuple[dict[str, Any], int] | None]
+
+
 def to_anthropic(
-    messages: Sequence[Message], *, spans: list[tuple[int, int]] | None = None
+    messages: Sequence[Message], *, sent: Sent | None = None
 ) -> tuple[System, list[dict[str, Any]]]:
     """The Anthropic `(system, messages)` for OpenAI-format messages.
 
     Leading system/developer messages become `system` (those marked `in_messages` stay
     messages, in place); a run of tool messages becomes one user turn of `tool_result`
     blocks. Raises `InvalidTranscript` for what Anthropic cannot express (an unmarked system
-    message after the start, tool arguments that are not a JSON object). `spans`, when
-    given, receives the range of `messages` each Anthropic message was made from.
+    message after the start, tool arguments that are not a JSON object). `sent(messages, i)`,
+    when given, may name the Anthropic message that `messages[i:i + n]` were converted from,
+    as `(message, n)`: it is used as it is, unless a run of tool messages goes on past it.
     """
     msgs = validate(messages)
     start = 0
@@ -197,15 +201,25 @@ def to_anthropic(
     out: list[dict[str, Any]] = []
     i = start
     while i < len(msgs):
-        at = i
-        if msgs[i]["role"] == "tool":
+        known = sent(msgs, i) if sent is not None else None
+        if known is not None and not _tool_turn_goes_on(msgs, i + known[1]):
+            out.append(known[0])
+            i += known[1]
+        elif msgs[i]["role"] == "tool":
             i = _tool_turn(msgs, i, out)
         else:
             out.append(_message(msgs[i], i))
             i += 1
-        if spans is not None:
-            spans.append((at, i))
     return system, out
+
+
+def _tool_turn_goes_on(msgs: Sequence[Message], end: int) -> bool:
+    """Whether `msgs[end]` would join a tool turn ending at `end` (its results' user turn)."""
+    if end == 0 or end >= len(msgs) or msgs[end - 1]["role"] != "tool":
+        return False
+    return msgs[end]["role"] == "tool" or (
+        msgs[end]["role"] == "user" and bool(_marks(msgs[end]).get("continues"))
+    )
 
 
 def _message(m: Message, i: int) -> dict[str, Any]:

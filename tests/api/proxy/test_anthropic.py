@@ -7,14 +7,17 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from hypothesis import given, settings
 
 from api.proxy.anthropic import AnthropicDialect, Conversions
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
+from shared.formats.anthropic import unmarked
 from tests.api.conftest import WINDOW
 from tests.api.helpers import user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
 from tests.fakeprovider import WORDS, Reply, prompt_tokens
+from tests.shared.formats.test_formats import _conversation
 
 ANTHROPIC_TOOLS = [
     {
@@ -279,3 +282,34 @@ def test_a_fitted_prompt_keeps_the_markers_of_the_messages_it_kept(proxy: Proxy)
         assert r.headers["x-prefit-fit"] == "applied"
         sent = proxy.fake.received[-1].body["messages"]
         assert sent[-1] == turn[-1] and "cache_control" not in str(sent[:-1])
+
+
+def test_the_message_that_lost_its_marker_converts_to_the_same_objects() -> None:
+    """The last message, resent without its marker (a new object), converts to the objects
+    it converted to; putting markers back uses the client's message as now sent."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
+    before = conversions.convert(first)
+    resent = [*first[:2], *tool_round(0)[1:], *tool_round(1, mark=True)]
+    after = conversions.convert(resent)
+    assert after[2] is before[2]
+    _, out = to_anthropic([m for g in after for m in g], sent=conversions.sent(resent))
+    assert out == resent and all(a is b for a, b in zip(out, resent, strict=True))
+
+
+@given(_conversation())
+@settings(max_examples=150, deadline=None)
+def test_conversions_convert_and_go_back_as_the_whole_transcript_does(
+    conv: tuple[Any, list[dict[str, Any]]],
+) -> None:
+    """Converted by `Conversions` (markers left out) a transcript is `from_anthropic`'s of it
+    unmarked; converted back from those objects it is exactly what the client sent."""
+    system, msgs = conv
+    conversions = Conversions()
+    conversions.convert(msgs[:-1])
+    groups = conversions.convert(msgs)  # the first messages remembered, the last one not
+    converted = [m for g in groups for m in g]
+    assert converted == from_anthropic(None, [unmarked(m) for m in msgs])
+    head = [] if system is None else [{"role": "system", "content": system}]
+    back = to_anthropic([*head, *converted], sent=conversions.sent(msgs))
+    assert back == (system, msgs)
