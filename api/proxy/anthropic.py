@@ -9,10 +9,12 @@ found in a streamed answer's `message_start` event. The upstream is authenticate
 
 from __future__ import annotations
 
+import operator
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 from api.proxy.codec import dumps
@@ -121,6 +123,9 @@ class Conversions:
         entry = self._entry(given)
         if entry is None or entry.given is not given:
             return
+        flat = chain.from_iterable(entry.groups)
+        if all(map(operator.is_, messages, flat)) and next(flat, None) is None:
+            return  # already those objects (in C: the usual case, only new messages passed)
         at, groups, sources = 0, [], None
         for m, old in zip(given, entry.groups, strict=True):
             group = list(messages[at : at + len(old)])

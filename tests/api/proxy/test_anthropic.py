@@ -313,3 +313,18 @@ def test_conversions_convert_and_go_back_as_the_whole_transcript_does(
     head = [] if system is None else [{"role": "system", "content": system}]
     back = to_anthropic([*head, *converted], sent=conversions.sent(msgs))
     assert back == (system, msgs)
+
+
+def test_adopted_objects_are_what_the_next_body_converts_to() -> None:
+    """The stored conversation's equal objects, adopted, are the conversions the next body
+    that resends those messages gets; and they convert back to the client's messages."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    converted = [m for g in conversions.convert(first) for m in g]
+    stored = [dict(m) for m in converted]
+    conversions.adopt(first, stored)
+    resent = [*first, *tool_round(1)]
+    got = [m for g in conversions.convert(resent) for m in g]
+    assert all(a is b for a, b in zip(got, stored, strict=False))
+    back = to_anthropic(got, sent=conversions.sent(resent))[1]
+    assert back == resent and all(a is b for a, b in zip(back, resent, strict=True))
