@@ -22,7 +22,13 @@ from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
 from shared.errors import InvalidTranscript
-from shared.formats.anthropic import call_ids, converted_message, to_anthropic, unmarked
+from shared.formats.anthropic import (
+    call_ids,
+    converted_message,
+    from_anthropic,
+    to_anthropic,
+    unmarked,
+)
 from shared.formats.blocks import check_system, user_blocks, validate_message
 from shared.messages import Message, ToolSpec
 
@@ -181,7 +187,10 @@ class Conversions:
             gone = self._entries.pop(key, None)
             self._bytes += 2 * (sizes[-1] - (gone.sizes[-1] if gone is not None else 0))
             self._entries[key] = entry
-            while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            # the newest stays whatever its size: its request puts its markers back from it
+            while len(self._entries) > 1 and (
+                len(self._entries) > self.max_entries or self._bytes > self.max_bytes
+            ):
                 self._bytes -= 2 * self._entries.popitem(last=False)[1].sizes[-1]
 
 
@@ -194,6 +203,12 @@ def _shared(old: list[Any], new: list[Any]) -> int:
 
 
 CONVERSIONS = Conversions()  # the process's
+
+
+def tools_of(body: Mapping[str, Any]) -> list[ToolSpec]:
+    """The request's tool definitions as sent (for counting)."""
+    tools = body.get("tools")
+    return list(tools) if isinstance(tools, list) else []
 
 
 class StartTap:
@@ -224,18 +239,30 @@ class AnthropicDialect:
         if not isinstance(given, list):
             raise InvalidTranscript("'messages' must be a list")
         system = body.get("system")
+        if CONVERSIONS.max_bytes == 0:  # off: converted whole, markers and all
+            converted = from_anthropic(system, given)
+            return self._valid(system, given, converted, check), tools_of(body)
         check_system(system)
         groups = CONVERSIONS.convert(given)
         head: list[Message] = [] if system is None else [{"role": "system", "content": system}]
-        messages = [*head, *(m for g in groups for m in g)]
+        messages = self._valid(system, given, [*head, *(m for g in groups for m in g)], check)
+        CONVERSIONS.adopt(given, messages[len(head) :])
+        return messages, tools_of(body)
+
+    def _valid(
+        self,
+        system: Any,
+        given: list[Any],
+        messages: list[Message],
+        check: Callable[[Any], list[Message]],
+    ) -> list[Message]:
+        """`check(messages)`; its error names the Anthropic message at fault."""
         try:  # what converts may still break prefit's own rules (a call left unanswered)
             messages = check(messages)
         except InvalidTranscript as exc:
             at = source_index(system, given, exc.index)
             raise InvalidTranscript(exc.reason, at) from None
-        CONVERSIONS.adopt(given, messages[len(head) :])
-        tools = body.get("tools")
-        return messages, list(tools) if isinstance(tools, list) else []
+        return messages
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
         system, converted = to_anthropic(messages, sent=CONVERSIONS.sent(body.get("messages")))

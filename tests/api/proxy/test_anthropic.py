@@ -9,7 +9,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 
-from api.proxy.anthropic import AnthropicDialect, Conversions
+from api.proxy.anthropic import CONVERSIONS, AnthropicDialect, Conversions
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
 from shared.formats.anthropic import unmarked
@@ -328,3 +328,26 @@ def test_adopted_objects_are_what_the_next_body_converts_to() -> None:
     assert all(a is b for a, b in zip(got, stored, strict=False))
     back = to_anthropic(got, sent=conversions.sent(resent))[1]
     assert back == resent and all(a is b for a, b in zip(back, resent, strict=True))
+
+
+def test_with_the_cache_off_markers_ride_in_the_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PREFIT_PROXY_BODY_CACHE_MB=0`: nothing is remembered, the messages convert whole with
+    their markers, and a prompt converted back carries them."""
+    monkeypatch.setattr(CONVERSIONS, "max_bytes", 0)
+    dialect = AnthropicDialect()
+    given = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
+    messages, _ = dialect.transcript({"messages": given}, lambda m: m)
+    assert messages == from_anthropic(None, given) and "cache_control" in str(messages)
+    assert dialect.with_messages({"messages": given}, messages)["messages"] == given
+
+
+def test_the_conversions_are_bounded_but_keep_the_newest() -> None:
+    """Past `max_bytes` the oldest transcripts are forgotten; the newest is kept whatever
+    its size, so its request still puts the client's markers back."""
+    conversions = Conversions(max_bytes=1)
+    first = [{"role": "user", "content": "other task"}, *tool_round(0, mark=True)]
+    conversions.convert(first)
+    given = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
+    converted = [m for g in conversions.convert(given) for m in g]
+    assert conversions.sent(first)(converted, 0) is None
+    assert to_anthropic(converted, sent=conversions.sent(given))[1] == given
