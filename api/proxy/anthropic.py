@@ -23,6 +23,7 @@ from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
 from shared.errors import InvalidTranscript
 from shared.formats.anthropic import (
+    Sent,
     call_ids,
     converted_message,
     from_anthropic,
@@ -92,7 +93,7 @@ class Conversions:
     then meets objects it has seen and compares by identity. Markers are left out of the
     conversion, so the message that held last turn's marker (new bytes, a new object)
     converts to the objects it converted to, found by content; the fitted prompt gets the
-    markers back from the client's message objects, as last sent (`restore`).
+    markers back from the client's message objects, as last sent (`sent`).
     Bounded by transcripts and by memory, each weighed twice its messages' JSON (the
     conversions: half that, measured; the parsed objects, mostly the body cache's too,
     1.5x, kept alive here when the body cache has let them go).
@@ -149,12 +150,12 @@ class Conversions:
             if self._entries.get(id(given[0])) is entry:
                 self._entries[id(given[0])] = _Converted(given, groups, entry.sizes, sources)
 
-    def sent(self, given: Any) -> Callable[[Sequence[Message], int], tuple[Any, int] | None]:
+    def sent(self, given: Any) -> Sent:
         """For `to_anthropic`: the client's own message (markers included) that the very
         objects at `messages[i:]` were converted from, as last sent in `given`."""
         entry = self._entry(given) if isinstance(given, list) else None
 
-        def known(messages: Sequence[Message], i: int) -> tuple[Any, int] | None:
+        def known(messages: Sequence[Message], i: int) -> tuple[dict[str, Any], int] | None:
             found = entry.sources.get(id(messages[i])) if entry is not None else None
             if found is None or not all(
                 a is b for a, b in zip(messages[i : i + len(found[1])], found[1], strict=False)

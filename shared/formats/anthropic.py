@@ -36,6 +36,7 @@ from shared.formats.blocks import (
 from shared.messages import HEAD_ROLES, Message, ToolSpec, validate
 
 __all__ = [
+    "Sent",
     "call_ids",
     "converted_message",
     "from_anthropic",
@@ -63,7 +64,7 @@ def from_anthropic(
     if not isinstance(messages, list | tuple):
         raise InvalidTranscript(f"messages must be a list, got {type(messages).__name__}")
     out: list[Message] = [] if system is None else [{"role": "system", "content": system}]
-    pending = _call_ids(previous) if previous is not None else None
+    pending = call_ids(previous) if previous is not None else None
     for i, m in enumerate(messages):
         validate_message(m, i, pending)
         converted = converted_message(m)
@@ -105,10 +106,6 @@ def unmarked(m: dict[str, Any]) -> dict[str, Any]:
 
 def call_ids(m: Message) -> set[str] | None:
     """The tool-call ids the message after `m` may answer (None unless `m` makes calls)."""
-    return _call_ids(m)
-
-
-def _call_ids(m: Message) -> set[str] | None:
     calls = m.get("tool_calls") if m.get("role") == "assistant" else None
     return {c["id"] for c in calls} if calls else None
 
