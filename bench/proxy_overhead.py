@@ -1,6 +1,7 @@
 """Proxy overhead: the latency prefit adds in front of a provider, at 8k to 512k tokens.
 
     uv run python -m bench.proxy_overhead [--sizes 8000,32000,128000,512000] [--turns 100]
+        [--dialect chat|anthropic]
 
 Starts its own redis-server, the fake provider (`python -m tests.fakeprovider`, its own
 process, answering at once) and the API (`uvicorn api.app:app`, one process, no API keys,
