@@ -1,6 +1,7 @@
 """Proxy overhead: the latency prefit adds in front of a provider, at 8k to 512k tokens.
 
     uv run python -m bench.proxy_overhead [--sizes 8000,32000,128000,512000] [--turns 100]
+        [--dialect chat|anthropic]
 
 Starts its own redis-server, the fake provider (`python -m tests.fakeprovider`, its own
 process, answering at once) and the API (`uvicorn api.app:app`, one process, no API keys,
@@ -16,6 +17,13 @@ are over the trigger and are served from their summary, made ahead of time the w
 does (`shared.service.precompute.run_job`, offline extractive summarizer) after the first turn
 stored it. Goals: < 5 ms added at p50 for 128k tokens; the first streamed byte < 5 ms later
 than direct, at 512k tokens too.
+
+`--dialect anthropic` plays the same conversations as Claude Code sends them to
+`POST /v1/messages` (`PREFIT_ANTHROPIC_BASE_URL` at the fake): `system` as text blocks with
+`cache_control`, tool calls and results as `tool_use` / `tool_result` blocks, its tool
+definitions, `metadata.user_id` naming the session, `max_tokens` 32000, and the
+`cache_control` marker on the last message's last block, moved to the new last message
+each turn (so the previous last message changes too, as Claude Code's does).
 Prints a markdown table; asserts nothing.
 """
 
@@ -54,6 +62,7 @@ from bench.harness import (
 from shared.commands.redisproc import RedisProcess, free_port
 from shared.errors import NotFound
 from shared.extractive import ExtractiveSummarizer
+from shared.formats import from_anthropic, to_anthropic
 from shared.messages import Message
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
@@ -81,8 +90,8 @@ def start_fake(log: Path) -> tuple[subprocess.Popen[bytes], str]:
 def start_proxy(
     redis_url: str, fake_url: str, log: Path, args: argparse.Namespace
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """The API (as bench/api_latency.py starts it) forwarding OpenAI requests to the fake."""
-    env = {"PREFIT_OPENAI_BASE_URL": f"{fake_url}/v1"}
+    """The API (as bench/api_latency.py starts it) forwarding requests to the fake."""
+    env = {"PREFIT_OPENAI_BASE_URL": f"{fake_url}/v1", "PREFIT_ANTHROPIC_BASE_URL": fake_url}
     return start_api(
         redis_url,
         log,
@@ -113,7 +122,7 @@ JSON = {"content-type": "application/json"}
 
 
 def turns(transcript: list[Message], n: int, stream: bool) -> list[bytes]:
-    """`n` request bodies: the transcript grown by one exchange per turn."""
+    """`n` Chat Completions request bodies: the transcript grown by one exchange per turn."""
     out = []
     messages = list(transcript)
     for k in range(n):
@@ -125,6 +134,94 @@ def turns(transcript: list[Message], n: int, stream: bool) -> list[bytes]:
             {"role": "user", "content": f"Thanks. Next question, number {k}?"},
         ]
     return out
+
+
+# --- Claude Code's shape ------------------------------------------------------------------------
+
+SESSION = "0b5e8c1d-4f6a-4e2b-9c7d-3a1f2e4d5c6b"
+USER_ID = f"user_{'ab' * 32}_account__session_{SESSION}"
+EPHEMERAL = {"type": "ephemeral"}
+CLAUDE_TOOLS = ("Task", "Bash", "Glob", "Grep", "Read", "Edit", "Write", "WebFetch", "TodoWrite")
+
+
+def claude_tools() -> list[dict[str, Any]]:
+    """Tool definitions the size of Claude Code's (a few kB of description each)."""
+    schema = {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "What to run. " * 20}},
+        "required": ["command"],
+        "additionalProperties": False,
+    }
+    return [
+        {
+            "name": name,
+            "description": f"{name}: " + "How to use this tool well. " * 120,
+            "input_schema": schema,
+        }
+        for name in CLAUDE_TOOLS
+    ]
+
+
+def claude_session(transcript: list[Message]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """(system blocks, messages) of `transcript` as Claude Code sends it: its system prompt
+    as text blocks marked `cache_control`, the rest converted, ending on a user message."""
+    system, messages = to_anthropic(transcript)
+    text = system if isinstance(system, str) else json.dumps(system)
+    blocks = [
+        {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.0.0; cc_entrypoint=cli"},
+        {"type": "text", "text": "You are Claude Code.", "cache_control": EPHEMERAL},
+        {"type": "text", "text": text or "bench", "cache_control": EPHEMERAL},
+    ]
+    if messages and messages[-1]["role"] == "assistant":
+        messages.append({"role": "user", "content": "Go on."})
+    return blocks, messages
+
+
+def marked(message: dict[str, Any]) -> dict[str, Any]:
+    """`message` with `cache_control` on its last block (a string becomes a text block)."""
+    content = message["content"]
+    blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return {**message, "content": [*blocks[:-1], {**blocks[-1], "cache_control": EPHEMERAL}]}
+
+
+def claude_turns(transcript: list[Message], n: int, stream: bool) -> list[bytes]:
+    """`n` Messages request bodies as Claude Code sends them, grown by one tool round per
+    turn; the `cache_control` marker is on the last message only."""
+    system, messages = claude_session(transcript)
+    tools, out = claude_tools(), []
+    for k in range(n):
+        body = {
+            "model": MODEL,
+            "messages": [*messages[:-1], marked(messages[-1])],
+            "temperature": 1,
+            "system": system,
+            "tools": tools,
+            "metadata": {"user_id": USER_ID},
+            "max_tokens": 32000,
+            "stream": stream,
+        }
+        out.append(json.dumps(body).encode())
+        call = f"toolu_bench_{k:04d}"
+        use = {"type": "tool_use", "id": call, "name": "Bash", "input": {"command": f"ls {k}"}}
+        result = {"type": "tool_result", "tool_use_id": call, "content": f"file_{k}.py\n" * 8}
+        messages = [
+            *messages,
+            {"role": "assistant", "content": [{"type": "text", "text": f"Step {k}."}, use]},
+            {"role": "user", "content": [result]},
+        ]
+    return out
+
+
+def stored_length(body: bytes) -> int:
+    """How many messages prefit stores for one Messages request body."""
+    value = json.loads(body)
+    return len(from_anthropic(value["system"], value["messages"]))
+
+
+DIALECTS = {  # (path, request bodies, stored messages of the first)
+    "chat": ("/v1/chat/completions", turns, None),
+    "anthropic": ("/v1/messages", claude_turns, stored_length),
+}
 
 
 def play(
@@ -193,24 +290,27 @@ def measure(
     pause: float,
     log: Path,
     pid: int,
+    dialect: str = "chat",
 ) -> dict[str, Any]:
     transcript = stitched(size)
+    _, bodies, stored = DIALECTS[dialect]
     seen: dict[str, str] = {}
 
     def first_turn(headers: httpx.Headers) -> None:
         seen.update({k: v for k, v in headers.items() if k.startswith("x-prefit-")})
 
     # warm: store the conversation, make its summary, fill the API's caches
-    warm = turns(transcript, 2, False)
+    warm = bodies(transcript, 2, False)
     play(direct, proxied, warm[:1], first_turn)
-    status = summarize(store, settings, seen["x-prefit-conversation"], len(transcript))
+    length = len(transcript) if stored is None else stored(warm[0])
+    status = summarize(store, settings, seen["x-prefit-conversation"], length)
     play(direct, proxied, warm[1:], lambda h: None)
     row: dict[str, Any] = {"size": size, "messages": len(transcript), "summary": status}
     after: dict[str, str] = {}
     for stream in (False, True):
         after.clear()
         offset, cpu = log.stat().st_size, cpu_seconds(pid)
-        got = play(direct, proxied, turns(transcript, n, stream), after.update, pause)
+        got = play(direct, proxied, bodies(transcript, n, stream), after.update, pause)
         row[stream] = got
         row[("cpu", stream)] = (cpu_seconds(pid) - cpu) * 1000 / n
         row[("own", stream)] = own_times(log, offset)
@@ -259,6 +359,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="8000,32000,128000,512000")
     ap.add_argument("--turns", type=int, default=100)
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between turns (think time)")
+    ap.add_argument("--dialect", choices=sorted(DIALECTS), default="chat", help="the API played")
     server_options(ap)
     args = ap.parse_args()
     with RedisProcess() as redis, tempfile.TemporaryDirectory() as tmp:
@@ -272,7 +373,8 @@ def main() -> None:
             fake.terminate()
             raise
         try:
-            direct, proxied = f"{fake_url}/v1/chat/completions", f"{api_url}/v1/chat/completions"
+            path = DIALECTS[args.dialect][0]
+            direct, proxied = f"{fake_url}{path}", f"{api_url}{path}"
             rows = [
                 measure(
                     direct,
@@ -284,6 +386,7 @@ def main() -> None:
                     args.pause,
                     log,
                     api.pid,
+                    args.dialect,
                 )
                 for size in args.sizes.split(",")
             ]
@@ -294,7 +397,7 @@ def main() -> None:
             store.close()
     print_table(rows, args.turns, args.pause)
     root = "this checkout" if args.server_root == ROOT else str(args.server_root)
-    print(f"\nAPI from {root} {args.uvicorn_args}; load average {load_average()}")
+    print(f"\n{args.dialect}; API from {root} {args.uvicorn_args}; load average {load_average()}")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,10 @@ class Settings(BaseSettings):
     # well above a 2,000-turn coding-agent session resent whole (~75 MB; docs/api.md)
     max_body_bytes: int = 128 * 1024 * 1024
     max_messages: int = 20_000
+    # memory per API process for the proxy's resent request bodies (their bytes and parsed
+    # messages) and, as much again at most, their Anthropic conversions; a tenant holds at
+    # most half; 0: off (docs/benchmarks.md 4b: ~4.6 MiB per 1.9 MB body, 1 MiB more converted)
+    proxy_body_cache_mb: int = Field(default=256, ge=0)
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0
     request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this

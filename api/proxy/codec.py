@@ -66,6 +66,9 @@ def _has_big(value: Any) -> bool:
 
 # --- bodies resent with what an earlier one held -------------------------------------------
 
+# what a kept body holds per byte of it: the bytes and its parsed messages (orjson objects:
+# 1.5-1.65x the JSON, measured with tracemalloc on a 1.9 MB body), with room to spare
+WEIGHT = 3
 KEY_BYTES = 512  # of a body's beginning (model, opening messages): which earlier one it may resend
 MIN_BODY = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth keeping
 _STEP = 1 << 16
@@ -95,13 +98,24 @@ class ResentBodies:
     the bytes they were parsed from. A body that is not JSON, or differs before its first
     message, is parsed whole (`loads`); its message ends are found after the answer
     (`remember`, on the threadpool), so the next turn is parsed from its new messages.
+
+    Bounded by bodies and by memory (`max_bytes`, each body weighed `WEIGHT` times its
+    length: its bytes and its parsed objects); one tenant holds at most `tenant_share` of
+    it, its own oldest bodies going first, so that it cannot push the others out.
     """
 
-    def __init__(self, max_bodies: int = 256, max_bytes: int = 128 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        max_bodies: int = 256,
+        max_bytes: int = 256 * 1024 * 1024,
+        tenant_share: float = 0.5,
+    ) -> None:
         self.max_bodies = max_bodies
         self.max_bytes = max_bytes
+        self.tenant_share = tenant_share
         self._known: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
         self._bytes = 0
+        self._by_tenant: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def loads(self, tenant: str, raw: bytes) -> tuple[Any, bool]:
@@ -135,13 +149,30 @@ class ResentBodies:
             self._keep(key, dataclasses.replace(known, messages=list(messages)))
 
     def _keep(self, key: tuple[str, bytes], known: _Known) -> None:
+        tenant = key[0]
         with self._lock:
             old = self._known.pop(key, None)
-            self._bytes -= len(old.raw) if old is not None else 0
+            if old is not None:
+                self._weigh(tenant, -len(old.raw))
+            if len(known.raw) * WEIGHT > self.max_bytes * self.tenant_share:
+                return
             self._known[key] = known
-            self._bytes += len(known.raw)
+            self._weigh(tenant, len(known.raw))
+            while self._by_tenant[tenant] > self.max_bytes * self.tenant_share:
+                self._drop(next(k for k in self._known if k[0] == tenant))
             while len(self._known) > self.max_bodies or self._bytes > self.max_bytes:
-                self._bytes -= len(self._known.popitem(last=False)[1].raw)
+                self._drop(next(iter(self._known)))
+
+    def _drop(self, key: tuple[str, bytes]) -> None:
+        self._weigh(key[0], -len(self._known.pop(key).raw))
+
+    def _weigh(self, tenant: str, length: int) -> None:
+        self._bytes += length * WEIGHT
+        held = self._by_tenant.get(tenant, 0) + length * WEIGHT
+        if held:
+            self._by_tenant[tenant] = held
+        else:
+            self._by_tenant.pop(tenant, None)
 
 
 def _common(a: bytes, b: bytes) -> int:

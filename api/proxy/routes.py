@@ -21,7 +21,7 @@ from starlette.routing import Match
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
-from api.proxy.anthropic import AnthropicDialect
+from api.proxy.anthropic import CONVERSIONS, AnthropicDialect
 from api.proxy.caller import identify
 from api.proxy.codec import ResentBodies
 from api.proxy.dialect import Dialect
@@ -153,6 +153,7 @@ async def _relayed(
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
+    BODIES.max_bytes = CONVERSIONS.max_bytes = svc.settings.proxy_body_cache_mb * 1024 * 1024
     body, learn = _object(raw, caller.tenant, model_required)
     relay = relay_type(svc, dialect, caller, body, raw, request.headers, rec)
     answer = await relay.run()

@@ -22,7 +22,7 @@ content lacks, so a placeholder or a truncated output converts back as it now is
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shared.errors import InvalidTranscript
@@ -35,7 +35,16 @@ from shared.formats.blocks import (
 )
 from shared.messages import HEAD_ROLES, Message, ToolSpec, validate
 
-__all__ = ["from_anthropic", "to_anthropic", "tools_from_anthropic", "tools_to_anthropic"]
+__all__ = [
+    "Sent",
+    "call_ids",
+    "converted_message",
+    "from_anthropic",
+    "to_anthropic",
+    "tools_from_anthropic",
+    "tools_to_anthropic",
+    "unmarked",
+]
 
 System = str | list[dict[str, Any]] | None
 
@@ -55,24 +64,48 @@ def from_anthropic(
     if not isinstance(messages, list | tuple):
         raise InvalidTranscript(f"messages must be a list, got {type(messages).__name__}")
     out: list[Message] = [] if system is None else [{"role": "system", "content": system}]
-    pending = _call_ids(previous) if previous is not None else None
+    pending = call_ids(previous) if previous is not None else None
     for i, m in enumerate(messages):
         validate_message(m, i, pending)
-        if m["role"] == "assistant":
-            converted = _assistant(m["content"])
-            pending = _call_ids(converted)
-            out.append(converted)
-        elif m["role"] == "system":
-            marks = {"in_messages": True}
-            out.append({"role": "system", "content": m["content"], "anthropic": marks})
-            pending = None
-        else:
-            out.extend(_user(m["content"]))
-            pending = None
+        converted = converted_message(m)
+        pending = call_ids(converted[-1])
+        out.extend(converted)
     return out
 
 
-def _call_ids(m: Message) -> set[str] | None:
+def converted_message(m: dict[str, Any]) -> list[Message]:
+    """The OpenAI-format messages of one valid Anthropic message (`validate_message`)."""
+    if m["role"] == "assistant":
+        return [_assistant(m["content"])]
+    if m["role"] == "system":
+        return [{"role": "system", "content": m["content"], "anthropic": {"in_messages": True}}]
+    return _user(m["content"])
+
+
+def unmarked(m: dict[str, Any]) -> dict[str, Any]:
+    """`m` without the `cache_control` markers of its blocks (`m` itself when it has none;
+    a lone marked text block becomes the string it marked). Clients move markers between
+    turns (Claude Code marks the last message), so a message that lost its marker would
+    otherwise differ from the same message stored a turn ago."""
+    content = m.get("content")
+    if not isinstance(content, list) or not any(
+        isinstance(b, dict) and "cache_control" in b for b in content
+    ):
+        return m
+    blocks = [
+        {k: v for k, v in b.items() if k != "cache_control"}
+        if isinstance(b, dict) and "cache_control" in b
+        else b
+        for b in content
+    ]
+    if len(blocks) == 1 and blocks[0].keys() == {"type", "text"} and blocks[0]["type"] == "text":
+        # a plain prompt is a string, but a text block to carry its marker (Claude Code)
+        return {**m, "content": blocks[0]["text"]}
+    return {**m, "content": blocks}
+
+
+def call_ids(m: Message) -> set[str] | None:
+    """The tool-call ids the message after `m` may answer (None unless `m` makes calls)."""
     calls = m.get("tool_calls") if m.get("role") == "assistant" else None
     return {c["id"] for c in calls} if calls else None
 
@@ -142,13 +175,20 @@ def _extra(block: dict[str, Any], consumed: set[str]) -> dict[str, Any]:
 # --- OpenAI -> Anthropic ---------------------------------------------------------------------
 
 
-def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, Any]]]:
+Sent = Callable[[Sequence[Message], int], tuple[dict[str, Any], int] | None]
+
+
+def to_anthropic(
+    messages: Sequence[Message], *, sent: Sent | None = None
+) -> tuple[System, list[dict[str, Any]]]:
     """The Anthropic `(system, messages)` for OpenAI-format messages.
 
     Leading system/developer messages become `system` (those marked `in_messages` stay
     messages, in place); a run of tool messages becomes one user turn of `tool_result`
     blocks. Raises `InvalidTranscript` for what Anthropic cannot express (an unmarked system
-    message after the start, tool arguments that are not a JSON object).
+    message after the start, tool arguments that are not a JSON object). `sent(messages, i)`,
+    when given, may name the Anthropic message that `messages[i:i + n]` were converted from,
+    as `(message, n)`: it is used as it is, unless a run of tool messages goes on past it.
     """
     msgs = validate(messages)
     start = 0
@@ -158,12 +198,25 @@ def to_anthropic(messages: Sequence[Message]) -> tuple[System, list[dict[str, An
     out: list[dict[str, Any]] = []
     i = start
     while i < len(msgs):
-        if msgs[i]["role"] == "tool":
+        known = sent(msgs, i) if sent is not None else None
+        if known is not None and not _tool_turn_goes_on(msgs, i + known[1]):
+            out.append(known[0])
+            i += known[1]
+        elif msgs[i]["role"] == "tool":
             i = _tool_turn(msgs, i, out)
-            continue
-        out.append(_message(msgs[i], i))
-        i += 1
+        else:
+            out.append(_message(msgs[i], i))
+            i += 1
     return system, out
+
+
+def _tool_turn_goes_on(msgs: Sequence[Message], end: int) -> bool:
+    """Whether `msgs[end]` would join a tool turn ending at `end` (its results' user turn)."""
+    if end == 0 or end >= len(msgs) or msgs[end - 1]["role"] != "tool":
+        return False
+    return msgs[end]["role"] == "tool" or (
+        msgs[end]["role"] == "user" and bool(_marks(msgs[end]).get("continues"))
+    )
 
 
 def _message(m: Message, i: int) -> dict[str, Any]:

@@ -7,12 +7,17 @@ from typing import Any
 import anthropic
 import httpx
 import pytest
+from hypothesis import given, settings
 
+from api.proxy.anthropic import CONVERSIONS, AnthropicDialect, Conversions
+from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
+from shared.formats.anthropic import unmarked
 from tests.api.conftest import WINDOW
 from tests.api.helpers import user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
 from tests.fakeprovider import WORDS, Reply, prompt_tokens
+from tests.shared.formats.test_formats import _conversation
 
 ANTHROPIC_TOOLS = [
     {
@@ -191,3 +196,158 @@ def test_system_messages_among_the_messages_are_fitted_and_kept_in_place(proxy: 
     assert got["messages"][:2] == sent_in[:2]
     assert got["messages"][-2:] == [note, user("go on")]
     assert sent_fits(from_anthropic(None, got["messages"]), [])
+
+
+# --- conversions by identity -----------------------------------------------------------------
+
+MARK = {"type": "ephemeral"}
+
+
+def tool_round(k: int, mark: bool = False) -> list[dict[str, Any]]:
+    """An assistant's tool call and the user turn answering it (its block marked if `mark`)."""
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "ok"}
+    if mark:
+        result["cache_control"] = MARK
+    use = {"type": "tool_use", "id": f"toolu_{k}", "name": "bash", "input": {"cmd": f"ls {k}"}}
+    return [
+        {"role": "assistant", "content": [{"type": "text", "text": f"step {k}"}, use]},
+        {"role": "user", "content": [result]},
+    ]
+
+
+def test_a_message_object_seen_before_converts_to_the_same_objects() -> None:
+    """The messages a resent body shares with the last one (the same parsed objects) convert
+    to the objects they converted to; new ones are converted, all as `from_anthropic` does."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    before = conversions.convert(first)
+    resent = [*first, *tool_round(1)]
+    after = conversions.convert(resent)
+    assert all(a is b for a, b in zip(after, before, strict=False))
+    assert [m for g in after for m in g] == from_anthropic(None, resent)
+
+
+def test_a_message_edited_in_place_is_converted_again() -> None:
+    """A message the client changed (new bytes, so a new object) converts afresh."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    conversions.convert(first)
+    edited = [first[0], {"role": "assistant", "content": "changed my mind"}, *tool_round(1)]
+    got = conversions.convert(edited)
+    assert got[1] == [{"role": "assistant", "content": "changed my mind"}]
+    assert [m for g in got for m in g] == from_anthropic(None, edited)
+
+
+def test_a_tool_result_after_remembered_messages_is_still_checked() -> None:
+    """A result answering no call of the (remembered) message before it is refused, with its
+    index, as when the whole transcript is converted."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    conversions.convert(first)
+    wrong = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "nope"}]}
+    with pytest.raises(InvalidTranscript) as caught:
+        conversions.convert([*first[:2], wrong])
+    assert caught.value.index == 2
+
+
+def test_moved_markers_convert_alike_and_come_back_upstream() -> None:
+    """A message that held last turn's `cache_control` converts as it does without it, and
+    the prompt sent gets the client's markers back on the messages it kept."""
+    dialect = AnthropicDialect()
+    system = [{"type": "text", "text": "sys", "cache_control": MARK}]
+    task = {"role": "user", "content": [{"type": "text", "text": TASK, "cache_control": MARK}]}
+    turn1 = [task, *tool_round(0, mark=True)]
+    one, _ = dialect.transcript({"system": system, "messages": turn1}, lambda m: m)
+    turn2 = [{"role": "user", "content": TASK}, *tool_round(0), *tool_round(1, mark=True)]
+    two, _ = dialect.transcript({"system": system, "messages": turn2}, lambda m: m)
+    assert two[: len(one)] == one and "cache_control" not in str(two[1:])
+    body = {"system": system, "messages": turn2}
+    sent = dialect.with_messages(body, two)
+    assert sent["messages"] == turn2 and sent["system"] == system
+
+
+def test_a_fitted_prompt_keeps_the_markers_of_the_messages_it_kept(proxy: Proxy) -> None:
+    """Two turns of a session whose marker moves to the last message: the fitted prompt of
+    each carries it on its last message only, as the client sent it."""
+    system, messages = to_anthropic(agent_session(60))
+    turn1 = [*messages, *tool_round(0, mark=True)]
+    turn2 = [*messages, *tool_round(0), *tool_round(1, mark=True)]
+    for turn in (turn1, turn2):
+        r = httpx.post(
+            f"{proxy.url}/v1/messages",
+            headers={"x-api-key": proxy.key, "anthropic-version": "2023-06-01"},
+            json={"model": proxy.model, "max_tokens": 64, "system": system, "messages": turn},
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["x-prefit-fit"] == "applied"
+        sent = proxy.fake.received[-1].body["messages"]
+        assert sent[-1] == turn[-1] and "cache_control" not in str(sent[:-1])
+
+
+def test_the_message_that_lost_its_marker_converts_to_the_same_objects() -> None:
+    """The last message, resent without its marker (a new object), converts to the objects
+    it converted to; putting markers back uses the client's message as now sent."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
+    before = conversions.convert(first)
+    resent = [*first[:2], *tool_round(0)[1:], *tool_round(1, mark=True)]
+    after = conversions.convert(resent)
+    assert after[2] is before[2]
+    _, out = to_anthropic([m for g in after for m in g], sent=conversions.sent(resent))
+    assert out == resent and all(a is b for a, b in zip(out, resent, strict=True))
+
+
+@given(_conversation())
+@settings(max_examples=150, deadline=None)
+def test_conversions_convert_and_go_back_as_the_whole_transcript_does(
+    conv: tuple[Any, list[dict[str, Any]]],
+) -> None:
+    """Converted by `Conversions` (markers left out) a transcript is `from_anthropic`'s of it
+    unmarked; converted back from those objects it is exactly what the client sent."""
+    system, msgs = conv
+    conversions = Conversions()
+    conversions.convert(msgs[:-1])
+    groups = conversions.convert(msgs)  # the first messages remembered, the last one not
+    converted = [m for g in groups for m in g]
+    assert converted == from_anthropic(None, [unmarked(m) for m in msgs])
+    head = [] if system is None else [{"role": "system", "content": system}]
+    back = to_anthropic([*head, *converted], sent=conversions.sent(msgs))
+    assert back == (system, msgs)
+
+
+def test_adopted_objects_are_what_the_next_body_converts_to() -> None:
+    """The stored conversation's equal objects, adopted, are the conversions the next body
+    that resends those messages gets; and they convert back to the client's messages."""
+    conversions = Conversions()
+    first = [{"role": "user", "content": TASK}, *tool_round(0)]
+    converted = [m for g in conversions.convert(first) for m in g]
+    stored = [dict(m) for m in converted]
+    conversions.adopt(first, stored)
+    resent = [*first, *tool_round(1)]
+    got = [m for g in conversions.convert(resent) for m in g]
+    assert all(a is b for a, b in zip(got, stored, strict=False))
+    back = to_anthropic(got, sent=conversions.sent(resent))[1]
+    assert back == resent and all(a is b for a, b in zip(back, resent, strict=True))
+
+
+def test_with_the_cache_off_markers_ride_in_the_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PREFIT_PROXY_BODY_CACHE_MB=0`: nothing is remembered, the messages convert whole with
+    their markers, and a prompt converted back carries them."""
+    monkeypatch.setattr(CONVERSIONS, "max_bytes", 0)
+    dialect = AnthropicDialect()
+    given = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
+    messages, _ = dialect.transcript({"messages": given}, lambda m: m)
+    assert messages == from_anthropic(None, given) and "cache_control" in str(messages)
+    assert dialect.with_messages({"messages": given}, messages)["messages"] == given
+
+
+def test_the_conversions_are_bounded_but_keep_the_newest() -> None:
+    """Past `max_bytes` the oldest transcripts are forgotten; the newest is kept whatever
+    its size, so its request still puts the client's markers back."""
+    conversions = Conversions(max_bytes=1)
+    first = [{"role": "user", "content": "other task"}, *tool_round(0, mark=True)]
+    conversions.convert(first)
+    given = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
+    converted = [m for g in conversions.convert(given) for m in g]
+    assert conversions.sent(first)(converted, 0) is None
+    assert to_anthropic(converted, sent=conversions.sent(given))[1] == given

@@ -111,12 +111,40 @@ def test_a_body_with_messages_nested_before_its_own_is_never_remembered() -> Non
 
 
 def test_the_bodies_kept_are_bounded() -> None:
-    """Past `max_bytes` the oldest bodies are forgotten (then parsed whole again)."""
-    bodies = ResentBodies(max_bytes=200_000)
+    """Past `max_bytes` (each body weighed with its parsed objects, 3x its length) the
+    oldest bodies are forgotten (then parsed whole again)."""
+    bodies = ResentBodies(max_bytes=1_000_000)  # three 107 kB bodies
     for k in range(5):
         learned(bodies, body(session(200, extra=str(k))), tenant=f"t{k}")
     assert bodies.loads("t4", body(session(201, extra="4")))[1] is False
-    assert bodies.loads("t0", body(session(201, extra="0")))[1] is True
+    assert bodies.loads("t2", body(session(201, extra="2")))[1] is False
+    assert bodies.loads("t1", body(session(201, extra="1")))[1] is True
+
+
+def opened(k: int, n: int = 200) -> list[dict[str, Any]]:
+    """A session whose opening (its first bytes, the bodies' key) is its own."""
+    messages = session(n)
+    return [{"role": "system", "content": f"session {k}. {BIG}"}, *messages[1:]]
+
+
+def test_one_tenant_cannot_push_the_others_out() -> None:
+    """A tenant holds at most `tenant_share` of the bytes: its own oldest bodies go first,
+    another tenant's body stays."""
+    bodies = ResentBodies(max_bytes=1_000_000)  # a tenant: one 107 kB body (322 kB weighed)
+    learned(bodies, body(opened(0)), tenant="quiet")
+    for k in range(1, 4):
+        learned(bodies, body(opened(k)), tenant="busy")
+    assert bodies.loads("quiet", body(opened(0, 201)))[1] is False
+    assert bodies.loads("busy", body(opened(3, 201)))[1] is False
+    assert bodies.loads("busy", body(opened(2, 201)))[1] is True
+    assert bodies.loads("busy", body(opened(1, 201)))[1] is True
+
+
+def test_a_body_heavier_than_a_tenants_share_is_not_kept() -> None:
+    """A body whose weight exceeds one tenant's share is parsed whole every time."""
+    bodies = ResentBodies(max_bytes=400_000)
+    learned(bodies, body(session(200)))
+    assert bodies.loads("t", body(session(201)))[1] is True
 
 
 def test_adopted_messages_come_back_as_the_same_objects() -> None:
