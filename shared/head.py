@@ -16,6 +16,13 @@ person's task, wherever they stand.
   right before another user message (an environment or instructions message). What stands
   between the first user message and the task (the *template*) is kept when small, like the
   gap. When the task is the first user message, the head is what it always was.
+- The person's own requests in a template too large to keep are kept all the same (issue
+  19: a person's messages are the last thing any strategy gives up): a person may state the
+  request and have it acknowledged ("Understood. Send me the first build log.") before the
+  message the rule takes for the task. The user messages of a cut-able template past its
+  few-shot examples that are small (`REQUEST_MAX_CHARS`; handed-over file content is larger)
+  are `Head.requests`, the `TEMPLATE_MAX_REQUESTS` nearest the task: every strategy keeps
+  them as it keeps the task (`cuts` are the template's ranges around them).
 
 Whether a reply is a canned acknowledgment is judged from its text alone: short, no tool
 calls, no question, opening with an affirmation ("Ok", "Sure", "Understood"...). A template's
@@ -65,6 +72,11 @@ GAP_MAX_MESSAGES = 4
 ACK_MAX_CHARS = 160
 BARE_ACK_MAX_WORDS = 3
 TEMPLATE_MAX_EXCHANGES = 6
+# A user message of a cut-able template is a person's request, kept with the head, when its
+# text is at most this long (a request, a pasted error; a file listing or log is longer), and
+# at most this many of them, those nearest the task: together they cost less than a gap kept.
+REQUEST_MAX_CHARS = 1_500
+TEMPLATE_MAX_REQUESTS = 3
 MOVED_KEYS = frozenset({"cache_control"})
 _BILLING_LINE = re.compile(r"(?m)^x-anthropic-billing-header:.*\n?")
 _AFFIRMATION = re.compile(
@@ -86,6 +98,8 @@ class Head:
     # the task if the acknowledged note that closed a "few-shot exchange" is a running note
     # after real turns (it has not recurred yet: the two readings cannot be told apart)
     note_task: int | None = None
+    # the person's requests inside a cut-able template, kept with the head (ascending)
+    requests: tuple[int, ...] = ()
 
     @property
     def end(self) -> int:
@@ -102,16 +116,23 @@ class Head:
 
     @property
     def template(self) -> tuple[int, int]:
-        """The half-open range between the first user message and the task that may be cut
-        (empty when the template is kept or there is none)."""
+        """The half-open range between the first user message and the task that may be cut,
+        `requests` aside (empty when the template is kept or there is none)."""
         if self.first is None or self.task is None or self.template_kept:
             return (self.end, self.end)
         return (self.first + 1, self.task)
 
     @property
     def cuts(self) -> tuple[tuple[int, int], ...]:
-        """The non-empty ranges of `[0, end)` that may be cut, in order."""
-        return tuple((lo, hi) for lo, hi in (self.gap, self.template) if lo < hi)
+        """The non-empty ranges of `[0, end)` that may be cut, in order: the gap, and the
+        template's ranges around the `requests` it keeps."""
+        lo, hi = self.template
+        bounds = [self.gap]
+        for kept in self.requests:
+            bounds.append((lo, kept))
+            lo = kept + 1
+        bounds.append((lo, hi))
+        return tuple((a, b) for a, b in bounds if a < b)
 
     @property
     def contiguous(self) -> bool:
@@ -165,15 +186,29 @@ def head_of(
         after = next_request(msgs, task)
         if after is not None:
             task, final = after, after + 1 < n
+    template_kept = _small(msgs[first + 1 : task], 2 * TEMPLATE_MAX_EXCHANGES + 1)
     return Head(
         lead,
         first,
         task,
         gap_kept=_small(msgs[lead:first]),
-        template_kept=_small(msgs[first + 1 : task], 2 * TEMPLATE_MAX_EXCHANGES + 1),
+        template_kept=template_kept,
         final=final,
         note_task=first if unsure and task != first else None,
+        requests=() if template_kept else requests_in(msgs, first, task),
     )
+
+
+def requests_in(msgs: Sequence[Message], first: int, task: int) -> tuple[int, ...]:
+    """Indices of the person's requests in the template `msgs[first + 1 : task]`: its small
+    user messages past the few-shot examples, the `TEMPLATE_MAX_REQUESTS` nearest the task."""
+    start = max(first + 1, _past_examples(msgs, first))
+    found = [
+        i
+        for i in range(start, task)
+        if msgs[i].get("role") == "user" and len(text_of(msgs[i])) <= REQUEST_MAX_CHARS
+    ]
+    return tuple(found[-TEMPLATE_MAX_REQUESTS:])
 
 
 def opening(msgs: Sequence[Message]) -> tuple[str, str] | None:

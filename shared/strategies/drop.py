@@ -34,8 +34,9 @@ class DropOldest:
     nor the user's latest message: see `PIN_MAX_SHARE`).
 
     Each run of dropped groups leaves one marker saying how much is missing there (one run,
-    right after the head, unless a cut-able gap before the task was dropped too, or the
-    user's latest message stands between two runs).
+    right after the head, unless a cut-able gap or template before the task was dropped too,
+    or the user's latest message or a request the head keeps in the template stands between
+    two runs).
     """
 
     def __repr__(self) -> str:

@@ -117,3 +117,65 @@ def prompts(
         out.append([*head, *done, *files(step, file_chars), sent, *tail])
         done += [cur, answer(step, answer_chars), *UPDATED]
     return out
+
+
+NO_FILES: list[Message] = [
+    {"role": "user", "content": "I am not sharing any files that you can edit yet."},
+    {"role": "assistant", "content": "Ok."},
+]
+AFFIRMED = "Understood. Send me the first build log."
+MAP_REPLY = "Ok, I won't try and edit those files without asking first."
+
+
+def run_output(step: int, size: int) -> Message:
+    """What `/run` adds to the chat (aider's `run_output` prompt): a build log of `size`."""
+    log = "".join(
+        f"src/mod{step}_{k}.c:{k}: warning: unused variable 'tmp'\n" for k in range(size // 48)
+    )
+    return {
+        "role": "user",
+        "content": f"I ran this command:\n\nmake -j4 step{step}\n\nAnd got this output:\n\n{log}",
+    }
+
+
+def repo_map(size: int) -> list[Message]:
+    """The repository map aider hands over after its examples, and its canned reply."""
+    listing = "".join(f"src/mod{k}.c:\n  int build_{k}(void);\n" for k in range(size // 40))
+    prefix = (
+        "Here are summaries of some files present in my git repository.\n"
+        "Do not propose changes to these files, treat them as *read-only*.\n"
+    )
+    return [
+        {"role": "user", "content": prefix + listing},
+        {"role": "assistant", "content": MAP_REPLY},
+    ]
+
+
+def run_prompts(
+    request: str,
+    steps: int,
+    *,
+    log_chars: int = 3000,
+    answer_chars: int = 600,
+    map_chars: int = 0,
+) -> list[list[Message]]:
+    """The prompt aider sends at each step of a session with no files in the chat whose
+    person states `request`, answered by a short affirmation, then pastes a build log with
+    `/run` (added with aider's "Ok.") and asks about it, step after step; with a repository
+    map of `map_chars` when not 0."""
+    head: list[Message] = [{"role": "system", "content": SYSTEM}, *EXAMPLES]
+    head += repo_map(map_chars) if map_chars else []
+    done: list[Message] = []
+    out = []
+    for step in range(steps):
+        ask: Message = {"role": "user", "content": f"Why does build {step} warn, and is it safe?"}
+        cur = (
+            [{"role": "user", "content": request}]
+            if step == 0
+            else [run_output(step, log_chars), {"role": "assistant", "content": "Ok."}, ask]
+        )
+        sent = {**cur[-1], "content": cur[-1]["content"] + "\n\n" + REMINDER}
+        out.append([*head, *done, *NO_FILES, *cur[:-1], sent])
+        reply = AFFIRMED if step == 0 else f"Build {step} is safe. " + "z" * answer_chars
+        done += [*cur, {"role": "assistant", "content": reply}]
+    return out

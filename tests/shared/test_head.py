@@ -257,3 +257,41 @@ def test_an_unconfirmed_few_shot_close_offers_the_first_user_message() -> None:
     assert [head_of(p).note_task for k, p in enumerate(prompts) if k != 1] == [None] * 3
     confirmed = head_of(aider.prompts(TEMPLATE_TASK, 2)[1])  # the examples as messages
     assert confirmed.note_task is None and confirmed.final
+
+
+RUN_REQUEST = "Help me get rid of the build warnings in this C project; I will paste each log."
+
+
+def test_a_request_acknowledged_in_a_large_template_is_kept_with_the_head() -> None:
+    """aider's `/run` session: the person's request, answered "Understood...", falls in a
+    template too large to keep; the head keeps it, and the template around it stays cut-able."""
+    msgs = aider.run_prompts(RUN_REQUEST, 4)[3]
+    head = head_of(msgs)
+    at = msgs.index({"role": "user", "content": RUN_REQUEST})
+    assert head.task is not None and at < head.task and not head.template_kept
+    assert head.requests == (at,) and head.protects(at)
+    assert head.cuts == ((head.first + 1, at), (at + 1, head.task))
+    assert not head.protects(at + 2)  # the build log handed over after it
+    assert head.size() == head.lead + 3 and head.describe()["messages"] == head.size()
+    plain = head_of(aider.prompts(TEMPLATE_TASK, 1, file_chars=3000)[0])
+    assert plain.requests == () and plain.cuts == ((2, 9),)  # a file listing is no request
+
+
+@pytest.mark.parametrize("window", [8_000, 16_000])
+@pytest.mark.parametrize("summarize", [False, True])
+def test_aider_run_session_keeps_the_persons_request_in_every_prompt(
+    window: int, summarize: bool
+) -> None:
+    """40 `/run` logs and questions after a request answered "Understood. Send me the first
+    build log.": at small windows, summarized or not, every prompt holds that request, while
+    the large repository map handed over before it in the template is cut."""
+    summarizer = ExtractiveSummarizer() if summarize else None
+    policy = ContextPolicy(window, counter=COUNTER, reserve_output=512, summarizer=summarizer)
+    cut = map_cut = 0
+    for step, msgs in enumerate(aider.run_prompts(RUN_REQUEST, 41, map_chars=4000)):
+        out = prepare(policy, msgs)
+        assert contains(out.messages, RUN_REQUEST), step
+        check(policy, msgs, out, counter=COUNTER)
+        cut += bool(out.report["changed"])
+        map_cut += msgs[7] not in out.messages  # the repository map, handed over
+    assert cut > 20 and map_cut > 10, (cut, map_cut)

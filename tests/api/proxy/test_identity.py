@@ -333,3 +333,19 @@ def test_two_concurrent_aider_sessions_with_examples_in_the_system_prompt(proxy:
             assert r.status_code == 200, (step, k)
             ids[k].add(r.headers["x-prefit-conversation"])
     assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
+
+
+def test_an_aider_run_session_keeps_the_persons_request_in_every_forwarded_prompt(
+    proxy: Proxy,
+) -> None:
+    """aider's `/run` session far past the window, its request answered "Understood. Send me
+    the first build log." before the logs: every forwarded prompt holds that request."""
+    request = "Help me get rid of the build warnings in this C project; I will paste each log."
+    prompts = aider.run_prompts(request, 41, log_chars=4000, map_chars=4000)
+    assert len(str(prompts[-1])) > 4 * 20_000  # well past the window
+    for step, prompt in enumerate(prompts):
+        r = post_chat(proxy, prompt)
+        assert r.status_code == 200, step
+        assert request in str(proxy.fake.received[-1].body["messages"]), step
+    assert proxy.fake.received[-1].body["messages"] != prompts[-1]  # fitted, not forwarded as is
+    assert all(got.status == 200 for got in proxy.fake.received)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
 from shared.commands import inspect as inspect_module
-from shared.commands.inspect import main
+from shared.commands.inspect import fates, main
+from shared.counters import HeuristicCounter
 from shared.errors import ConfigError
+from shared.policy import ContextPolicy
 from tests.conftest import needs_transcripts
+from tests.shared import aider
 from tests.shared.strategies.test_strategies import agent
 
 
@@ -84,3 +88,11 @@ def test_tiktoken_that_cannot_load_is_a_clear_error(
     path.write_text(json.dumps({"messages": agent(3)}))
     assert main([str(path), "--window", "8000", "--counter", "tiktoken"]) == 2
     assert "prefit inspect: tiktoken cannot load encoding" in capsys.readouterr().err
+
+
+def test_a_request_kept_in_a_cut_template_is_a_head_cell() -> None:
+    """aider's request kept inside a cut template shows as head, the map dropped before it."""
+    msgs = aider.run_prompts("Fix the build warnings", 30, map_chars=4000)[-1]
+    policy = ContextPolicy(8_000, counter=HeuristicCounter(), reserve_output=512)
+    cells = {a: fate for a, _, fate in fates(msgs, asyncio.run(policy.cut(msgs)))}
+    assert cells[9] == "head" and cells[7] == "dropped"  # the request; the repository map
