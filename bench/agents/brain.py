@@ -90,6 +90,7 @@ class Script:
     turns: int
     output_kb: int
     output_style: str = "hex"
+    task_reply: str = "I will read each build log as you send it and report what it shows."
 
 
 class Tokens:
@@ -286,7 +287,7 @@ def decide(ask: Ask, script: Script) -> tuple[str, str | None, int, Answer]:
     if sid is not None and TURN.search(ask.last_user_text()):
         return "main", sid, turn, Answer(text=aider_reply(turn))
     if sid is not None and shell is None and not ask.tools and MARKER.search(ask.last_user_text()):
-        return "main", sid, turn, Answer(text="Understood. Send me the first build log.")
+        return "main", sid, turn, Answer(text=script.task_reply)
     return "side", sid, turn, Answer(text="ok")
 
 
@@ -650,10 +651,12 @@ def anthropic_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
 class Brain:
     """The provider: reads, counts, refuses or answers, and logs one line per request."""
 
-    def __init__(self, script: Script, tokens: Tokens, log: Path) -> None:
+    def __init__(self, script: Script, tokens: Tokens, log: Path, dump: Path | None = None) -> None:
         self.script = script
         self.tokens = tokens
         self.log = log.open("a", encoding="utf-8")
+        self.dump = dump  # a folder for every request body, numbered, when set
+        self.seen = 0
 
     def record(self, **fields: Any) -> None:
         self.log.write(json.dumps({"t": round(time.time(), 4), **fields}) + "\n")
@@ -664,6 +667,9 @@ class Brain:
             body = await request.json()
         except ValueError:
             return JSONResponse({"error": {"message": "bad json"}}, status_code=400)
+        self.seen += 1
+        if self.dump is not None:
+            (self.dump / f"{self.seen:04d}-{api}.json").write_text(json.dumps(body))
         reader = {"chat": read_chat, "responses": read_responses, "anthropic": read_anthropic}
         ask = reader[api](body)
         prompt = self.tokens.prompt(ask.items, ask.head, ask.tools)
@@ -765,9 +771,18 @@ def main() -> None:
     parser.add_argument("--output-kb", type=int, default=24)
     parser.add_argument("--output-style", choices=("hex", "text"), default="hex")
     parser.add_argument("--tiktoken-dir", type=Path, default=Path("/work/shared/tiktoken"))
+    parser.add_argument(
+        "--task-reply",
+        default=Script.task_reply,
+        help="the answer to a tool-less client's task message (aider), e.g. a short "
+        "'Understood. Send me the first build log.'",
+    )
+    parser.add_argument("--dump-dir", type=Path, help="write every request body here")
     args = parser.parse_args()
-    script = Script(args.window, args.turns, args.output_kb, args.output_style)
-    brain = Brain(script, Tokens(args.tiktoken_dir), args.log)
+    if args.dump_dir is not None:
+        args.dump_dir.mkdir(parents=True, exist_ok=True)
+    script = Script(args.window, args.turns, args.output_kb, args.output_style, args.task_reply)
+    brain = Brain(script, Tokens(args.tiktoken_dir), args.log, args.dump_dir)
     uvicorn.run(brain.app(), host="127.0.0.1", port=args.port, log_level="warning")
 
 

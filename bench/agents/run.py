@@ -151,11 +151,23 @@ def services(run: Run, args: argparse.Namespace, redis_url: str | None) -> Itera
     """The brain, and for `prefit` `prefit up` in front of it; everything stopped on exit."""
     run.brain_port = free_port()
     brain = [
-        sys.executable, "-m", "bench.agents.brain", "--port", str(run.brain_port),
-        "--log", str(run.out / "brain.jsonl"), "--window", str(args.window),
-        "--turns", str(args.turns), "--output-kb", str(args.output_kb),
-        "--output-style", args.output_style,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "bench.agents.brain",
+        "--port",
+        str(run.brain_port),
+        "--log",
+        str(run.out / "brain.jsonl"),
+        "--window",
+        str(args.window),
+        "--turns",
+        str(args.turns),
+        "--output-kb",
+        str(args.output_kb),
+        "--output-style",
+        args.output_style,
+    ] + (["--dump-dir", str(run.out / "requests")] if args.dump else [])
+    brain += ["--task-reply", args.task_reply] if args.task_reply else []  # fmt: skip
     try:
         spawn(run, brain, run.out / "brain.out", dict(os.environ), ROOT)
         wait_http(f"http://127.0.0.1:{run.brain_port}/v1/models")
@@ -410,6 +422,8 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=100_000)
     parser.add_argument("--output-kb", type=int, default=24)
     parser.add_argument("--output-style", choices=("hex", "text"), default="hex")
+    parser.add_argument("--task-reply", help="the brain's answer to aider's task message")
+    parser.add_argument("--dump", action="store_true", help="keep every request body the brain got")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per session")
     parser.add_argument("--prefit-root", type=Path, default=ROOT)
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "agents-runs")
