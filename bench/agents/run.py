@@ -350,23 +350,33 @@ def stored_conversations(redis_url: str, sids: list[str]) -> dict[str, list[int]
     return found
 
 
-def logged_conversations(run: Run) -> set[str]:
-    """Distinct conversation ids of the proxy requests in prefit's request log."""
+def proxy_log(run: Run) -> list[dict[str, Any]]:
+    """prefit's `request.completed` lines of the proxy routes (empty for a direct run)."""
     path = run.out / "prefit.log"
-    ids: set[str] = set()
+    found: list[dict[str, Any]] = []
     if not path.exists():
-        return ids
+        return found
     for line in path.read_text(errors="replace").splitlines():
         if '"request.completed"' not in line:
             continue
         with contextlib.suppress(ValueError):
             rec = json.loads(line)
             if rec.get("conversation_id"):
-                ids.add(str(rec["conversation_id"]))
-    return ids
+                found.append(rec)
+    return found
 
 
-def summarize(run: Run, stored: dict[str, list[int]], logged: set[str], turns: int) -> list[str]:
+def own_ms(records: list[dict[str, Any]]) -> str:
+    """p50 / max of prefit's own time per request: its latency less the provider's wait."""
+    own = sorted(r["latency_ms"] - r.get("upstream_ms", 0.0) for r in records if "latency_ms" in r)
+    if not own:
+        return "-"
+    return f"{own[len(own) // 2]:.1f}/{own[-1]:.0f} ms"
+
+
+def summarize(
+    run: Run, stored: dict[str, list[int]], logged: list[dict[str, Any]], turns: int
+) -> list[str]:
     lines = brain_lines(run)
     out = []
     for session in run.sessions:
@@ -389,7 +399,13 @@ def summarize(run: Run, stored: dict[str, list[int]], logged: set[str], turns: i
             f"convs {convs} exit {session.code} {session.seconds:5.0f}s"
         )
     if run.via == "prefit":
-        out.append(f"{'':10} {'':6} conversation ids in prefit's request log: {len(logged)}")
+        ids = {r["conversation_id"] for r in logged}
+        retried = sum(1 for r in logged if r.get("retries"))
+        out.append(
+            f"{'':10} {'':6} prefit log: {len(logged)} proxied, {len(ids)} conversation ids, "
+            f"{retried} overflow-retried, own time p50/max {own_ms(logged)} "
+            "(latency less the provider's wait)"
+        )
     return out
 
 
@@ -408,7 +424,7 @@ def one_run(cli: str, via: str, tools: Tools, args: argparse.Namespace) -> list[
             run_sessions(run, tools, args)
             time.sleep(2.0)  # prefit syncs the store after each answer, off the request path
             stored = stored_conversations(url, [s.sid for s in run.sessions]) if url else {}
-        return summarize(run, stored, logged_conversations(run), args.turns)
+        return summarize(run, stored, proxy_log(run), args.turns)
     finally:
         if store is not None:
             store.stop()
