@@ -91,6 +91,7 @@ class Script:
     output_kb: int
     output_style: str = "hex"
     task_reply: str = "I will read each build log as you send it and report what it shows."
+    token_scale: float = 1.0  # the provider's tokenizer against o200k (Claude's counts more)
 
 
 class Tokens:
@@ -672,7 +673,7 @@ class Brain:
             (self.dump / f"{self.seen:04d}-{api}.json").write_text(json.dumps(body))
         reader = {"chat": read_chat, "responses": read_responses, "anthropic": read_anthropic}
         ask = reader[api](body)
-        prompt = self.tokens.prompt(ask.items, ask.head, ask.tools)
+        prompt = round(self.tokens.prompt(ask.items, ask.head, ask.tools) * self.script.token_scale)
         kind, sid, turn, answer = decide(ask, self.script)
         over = prompt + ask.reply_allowance > self.script.window
         marker = f"TASK-MARKER-{sid}" if sid else None
@@ -777,11 +778,19 @@ def main() -> None:
         help="the answer to a tool-less client's task message (aider), e.g. a short "
         "'Understood. Send me the first build log.'",
     )
+    parser.add_argument("--token-scale", type=float, default=1.0, help="counts x this")
     parser.add_argument("--dump-dir", type=Path, help="write every request body here")
     args = parser.parse_args()
     if args.dump_dir is not None:
         args.dump_dir.mkdir(parents=True, exist_ok=True)
-    script = Script(args.window, args.turns, args.output_kb, args.output_style, args.task_reply)
+    script = Script(
+        args.window,
+        args.turns,
+        args.output_kb,
+        args.output_style,
+        args.task_reply,
+        args.token_scale,
+    )
     brain = Brain(script, Tokens(args.tiktoken_dir), args.log, args.dump_dir)
     uvicorn.run(brain.app(), host="127.0.0.1", port=args.port, log_level="warning")
 

@@ -167,7 +167,8 @@ def services(run: Run, args: argparse.Namespace, redis_url: str | None) -> Itera
         "--output-style",
         args.output_style,
     ] + (["--dump-dir", str(run.out / "requests")] if args.dump else [])
-    brain += ["--task-reply", args.task_reply] if args.task_reply else []  # fmt: skip
+    brain += ["--task-reply", args.task_reply] if args.task_reply else []
+    brain += ["--token-scale", str(args.token_scale)]  # fmt: skip
     try:
         spawn(run, brain, run.out / "brain.out", dict(os.environ), ROOT)
         wait_http(f"http://127.0.0.1:{run.brain_port}/v1/models")
@@ -439,6 +440,7 @@ def main() -> None:
     parser.add_argument("--output-kb", type=int, default=24)
     parser.add_argument("--output-style", choices=("hex", "text"), default="hex")
     parser.add_argument("--task-reply", help="the brain's answer to aider's task message")
+    parser.add_argument("--token-scale", type=float, default=1.0, help="the provider counts x this")
     parser.add_argument("--dump", action="store_true", help="keep every request body the brain got")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per session")
     parser.add_argument("--prefit-root", type=Path, default=ROOT)
@@ -458,7 +460,8 @@ def main() -> None:
     ).stdout.strip()  # fmt: skip
     print(
         f"prefit from {args.prefit_root} ({branch}); window {args.window}, "
-        f"{args.output_kb} KB of {args.output_style} output a turn",
+        f"{args.output_kb} KB of {args.output_style} output a turn, "
+        f"provider counts o200k x {args.token_scale}",
         flush=True,
     )
     for cli in args.cli.split(","):
