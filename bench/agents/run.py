@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -391,13 +392,16 @@ def summarize(
         overflows = sum(1 for r in mine + side if r.get("overflow"))
         largest = max((r.get("prompt", 0) for r in mine + side), default=0)
         kept = sum(1 for r in main if r.get("task"))
+        times = [r["t"] for r in main if not r.get("overflow")]
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        gap = f"{1000 * gaps[len(gaps) // 2]:.0f}ms" if gaps else "-"
         lengths = sorted(stored.get(session.sid, []), reverse=True)
         convs = f"{len(lengths)} {lengths}" if run.via == "prefit" else "-"
         out.append(
             f"{run.cli:10} {run.via:6} turns {done_turns:2}/{turns} "
             f"final={'yes' if finished else 'no '} requests {len(main):3}+{len(side):<3} "
             f"overflows {overflows:3} largest {largest:6} task {kept}/{len(main)} "
-            f"convs {convs} exit {session.code} {session.seconds:5.0f}s"
+            f"convs {convs} turn gap p50 {gap} exit {session.code} {session.seconds:5.0f}s"
         )
     if run.via == "prefit":
         ids = {r["conversation_id"] for r in logged}
