@@ -36,8 +36,10 @@ Loopback only; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import re
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -434,9 +436,35 @@ def split_text(text: str) -> Iterable[str]:
     return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)]
 
 
-def responses_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
+def reasoning_item(issued: set[str]) -> dict[str, Any]:
+    """A reasoning item with opaque encrypted content the brain will verify when replayed."""
+    sealed = base64.b64encode(secrets.token_bytes(96)).decode()
+    issued.add(sealed)
+    return {"type": "reasoning", "id": new_id("rs_"), "summary": [], "encrypted_content": sealed}
+
+
+def replay_error(ask: Ask, issued: set[str]) -> str | None:
+    """OpenAI's refusal of replayed reasoning that was altered or lost its following item."""
+    for i, item in enumerate(ask.items):
+        if not isinstance(item, dict) or item.get("type") != "reasoning":
+            continue
+        if item.get("encrypted_content") not in issued:
+            return f"The encrypted content for item {item.get('id')} could not be verified."
+        after = ask.items[i + 1] if i + 1 < len(ask.items) else None
+        if not isinstance(after, dict) or after.get("type") not in ("function_call", "message"):
+            return (
+                f"Item '{item.get('id')}' of type 'reasoning' was provided without its "
+                "required following item."
+            )
+    return None
+
+
+def responses_answer(
+    ask: Ask, answer: Answer, prompt: int, reasoning: dict[str, Any] | None = None
+) -> Response:
     model = ask.body.get("model", "agent-model")
     rid, created = new_id("resp_"), int(time.time())
+    at = 1 if reasoning else 0  # the answer's output_index
     usage = {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": 0},
@@ -487,8 +515,9 @@ def responses_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
             "incomplete_details": None,
         }
 
+    output = [reasoning, item] if reasoning else [item]
     if not ask.stream:
-        return JSONResponse(response("completed", [item], True))
+        return JSONResponse(response("completed", output, True))
 
     async def events() -> AsyncIterator[bytes]:
         seq = iter(range(1_000_000))
@@ -498,10 +527,13 @@ def responses_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
 
         yield ev("response.created", response=response("in_progress", [], False))
         yield ev("response.in_progress", response=response("in_progress", [], False))
+        if reasoning:
+            yield ev("response.output_item.added", output_index=0, item=reasoning)
+            yield ev("response.output_item.done", output_index=0, item=reasoning)
         if item["type"] == "function_call":
             yield ev(
                 "response.output_item.added",
-                output_index=0,
+                output_index=at,
                 item={**item, "arguments": "", "status": "in_progress"},
             )
             args = item["arguments"]
@@ -509,27 +541,27 @@ def responses_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
                 yield ev(
                     "response.function_call_arguments.delta",
                     item_id=item["id"],
-                    output_index=0,
+                    output_index=at,
                     delta=part,
                 )
             yield ev(
                 "response.function_call_arguments.done",
                 item_id=item["id"],
-                output_index=0,
+                output_index=at,
                 arguments=args,
             )
         elif item["type"] == "message":
             text = answer.text or ""
             yield ev(
                 "response.output_item.added",
-                output_index=0,
+                output_index=at,
                 item={**item, "content": [], "status": "in_progress"},
             )
             part = {"type": "output_text", "text": "", "annotations": []}
             yield ev(
                 "response.content_part.added",
                 item_id=item["id"],
-                output_index=0,
+                output_index=at,
                 content_index=0,
                 part=part,
             )
@@ -537,28 +569,28 @@ def responses_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
                 yield ev(
                     "response.output_text.delta",
                     item_id=item["id"],
-                    output_index=0,
+                    output_index=at,
                     content_index=0,
                     delta=piece,
                 )
             yield ev(
                 "response.output_text.done",
                 item_id=item["id"],
-                output_index=0,
+                output_index=at,
                 content_index=0,
                 text=text,
             )
             yield ev(
                 "response.content_part.done",
                 item_id=item["id"],
-                output_index=0,
+                output_index=at,
                 content_index=0,
                 part={**part, "text": text},
             )
         else:
-            yield ev("response.output_item.added", output_index=0, item=item)
-        yield ev("response.output_item.done", output_index=0, item=item)
-        yield ev("response.completed", response=response("completed", [item], True))
+            yield ev("response.output_item.added", output_index=at, item=item)
+        yield ev("response.output_item.done", output_index=at, item=item)
+        yield ev("response.completed", response=response("completed", output, True))
 
     return StreamingResponse(events(), media_type="text/event-stream")
 
@@ -658,6 +690,7 @@ class Brain:
         self.log = log.open("a", encoding="utf-8")
         self.dump = dump  # a folder for every request body, numbered, when set
         self.seen = 0
+        self.issued: set[str] = set()  # encrypted reasoning handed out (Responses)
 
     def record(self, **fields: Any) -> None:
         self.log.write(json.dumps({"t": round(time.time(), 4), **fields}) + "\n")
@@ -700,10 +733,17 @@ class Brain:
         )
         if over:
             return JSONResponse(overflow_error(ask, prompt, self.script.window), status_code=400)
+        refused = replay_error(ask, self.issued) if api == "responses" else None
+        if refused is not None:
+            self.record(api=api, kind="refused", sid=sid, message=refused)
+            error = {"message": refused, "type": "invalid_request_error", "param": "input"}
+            return JSONResponse({"error": {**error, "code": None}}, status_code=400)
         if api == "chat":
             return chat_answer(ask, answer, prompt)
         if api == "responses":
-            return responses_answer(ask, answer, prompt)
+            wants = "reasoning.encrypted_content" in (ask.body.get("include") or [])
+            reasoning = reasoning_item(self.issued) if wants and answer.tool else None
+            return responses_answer(ask, answer, prompt, reasoning)
         return anthropic_answer(ask, answer, prompt)
 
     async def count_tokens(self, request: Request) -> Response:

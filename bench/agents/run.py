@@ -390,6 +390,7 @@ def summarize(
             r["turn"] >= turns and not r["overflow"] and r.get("answer") == "text" for r in main
         )
         overflows = sum(1 for r in mine + side if r.get("overflow"))
+        refused = sum(1 for r in mine if r.get("kind") == "refused")
         largest = max((r.get("prompt", 0) for r in mine + side), default=0)
         kept = sum(1 for r in main if r.get("task"))
         times = [r["t"] for r in main if not r.get("overflow")]
@@ -400,7 +401,8 @@ def summarize(
         out.append(
             f"{run.cli:10} {run.via:6} turns {done_turns:2}/{turns} "
             f"final={'yes' if finished else 'no '} requests {len(main):3}+{len(side):<3} "
-            f"overflows {overflows:3} largest {largest:6} task {kept}/{len(main)} "
+            f"overflows {overflows:3} refused {refused} largest {largest:6} "
+            f"task {kept}/{len(main)} "
             f"convs {convs} turn gap p50 {gap} exit {session.code} {session.seconds:5.0f}s"
         )
     if run.via == "prefit":
