@@ -61,6 +61,7 @@ SHELL_TOOLS = ("Bash", "bash", "shell", "shell_command", "exec_command", "local_
 SKIP_KEYS = frozenset(
     {"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "status", "signature"}
 )
+THINKING = ("thinking", "redacted_thinking")
 SEARCH = "<<<<<<< SEARCH"
 DIVIDE = "======="
 REPLACE = ">>>>>>> REPLACE"
@@ -595,9 +596,45 @@ def responses_answer(
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
-def anthropic_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
+def thinking_error(ask: Ask, issued: set[str]) -> str | None:
+    """Anthropic's refusal of thinking blocks that were altered, or missing where required."""
+    last_assistant = None
+    for i, message in enumerate(ask.items):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        if message.get("role") == "assistant":
+            last_assistant = i
+        for j, part in enumerate(content):
+            altered = isinstance(part, dict) and part.get("type") == "thinking"
+            if altered and part.get("signature") not in issued:
+                return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
+    thinking = ask.body.get("thinking") or {}
+    if last_assistant is None or thinking.get("type") not in ("enabled", "adaptive"):
+        return None
+    content = ask.items[last_assistant].get("content")
+    first = content[0] if isinstance(content, list) and content else None
+    calls = isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") == "tool_use" for p in content
+    )
+    if calls and (not isinstance(first, dict) or first.get("type") not in THINKING):
+        found = first.get("type") if isinstance(first, dict) else "text"
+        return (
+            f"messages.{last_assistant}.content.0.type: Expected `thinking` or "
+            f"`redacted_thinking`, but found `{found}`. When `thinking` is enabled, a final "
+            "`assistant` message must start with a thinking block (preceeding the lastmost "
+            "set of `tool_use` and `tool_result` blocks)."
+        )
+    return None
+
+
+def anthropic_answer(
+    ask: Ask, answer: Answer, prompt: int, signature: str | None = None
+) -> Response:
     model = ask.body.get("model", "agent-model")
     mid = new_id("msg_")
+    thought = {"type": "thinking", "thinking": "", "signature": signature} if signature else None
+    at = 1 if thought else 0  # the answer's content index
     if answer.tool is not None:
         block: dict[str, Any] = {
             "type": "tool_use",
@@ -620,7 +657,7 @@ def anthropic_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [block],
+        "content": [thought, block] if thought else [block],
         "stop_reason": stop,
         "stop_sequence": None,
         "usage": usage,
@@ -636,24 +673,35 @@ def anthropic_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
             "usage": {**usage, "output_tokens": 1},
         }
         yield sse({"type": "message_start", "message": start}, "message_start")
+        if thought:
+            opened_thought = {**thought, "signature": ""}
+            yield sse(
+                {"type": "content_block_start", "index": 0, "content_block": opened_thought},
+                "content_block_start",
+            )
+            delta = {"type": "signature_delta", "signature": thought["signature"]}
+            yield sse(
+                {"type": "content_block_delta", "index": 0, "delta": delta}, "content_block_delta"
+            )
+            yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
         if block["type"] == "tool_use":
             opened = {**block, "input": {}}
             yield sse(
-                {"type": "content_block_start", "index": 0, "content_block": opened},
+                {"type": "content_block_start", "index": at, "content_block": opened},
                 "content_block_start",
             )
             args = json.dumps(block["input"])
             for part in (args[: len(args) // 2], args[len(args) // 2 :]):
                 delta = {"type": "input_json_delta", "partial_json": part}
                 yield sse(
-                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                    {"type": "content_block_delta", "index": at, "delta": delta},
                     "content_block_delta",
                 )
         else:
             yield sse(
                 {
                     "type": "content_block_start",
-                    "index": 0,
+                    "index": at,
                     "content_block": {"type": "text", "text": ""},
                 },
                 "content_block_start",
@@ -661,10 +709,10 @@ def anthropic_answer(ask: Ask, answer: Answer, prompt: int) -> Response:
             for piece in split_text(block["text"]):
                 delta = {"type": "text_delta", "text": piece}
                 yield sse(
-                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                    {"type": "content_block_delta", "index": at, "delta": delta},
                     "content_block_delta",
                 )
-        yield sse({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        yield sse({"type": "content_block_stop", "index": at}, "content_block_stop")
         yield sse(
             {
                 "type": "message_delta",
@@ -733,9 +781,18 @@ class Brain:
         )
         if over:
             return JSONResponse(overflow_error(ask, prompt, self.script.window), status_code=400)
-        refused = replay_error(ask, self.issued) if api == "responses" else None
+        refused = (
+            replay_error(ask, self.issued)
+            if api == "responses"
+            else thinking_error(ask, self.issued)
+            if api == "anthropic"
+            else None
+        )
         if refused is not None:
             self.record(api=api, kind="refused", sid=sid, message=refused)
+            if api == "anthropic":
+                error = {"type": "invalid_request_error", "message": refused}
+                return JSONResponse({"type": "error", "error": error}, status_code=400)
             error = {"message": refused, "type": "invalid_request_error", "param": "input"}
             return JSONResponse({"error": {**error, "code": None}}, status_code=400)
         if api == "chat":
@@ -744,7 +801,9 @@ class Brain:
             wants = "reasoning.encrypted_content" in (ask.body.get("include") or [])
             reasoning = reasoning_item(self.issued) if wants and answer.tool else None
             return responses_answer(ask, answer, prompt, reasoning)
-        return anthropic_answer(ask, answer, prompt)
+        thinks = (ask.body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
+        signature = reasoning_item(self.issued)["encrypted_content"] if thinks else None
+        return anthropic_answer(ask, answer, prompt, signature if answer.tool else None)
 
     async def count_tokens(self, request: Request) -> Response:
         ask = read_anthropic(await request.json())
