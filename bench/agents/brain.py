@@ -62,6 +62,12 @@ SKIP_KEYS = frozenset(
     {"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "status", "signature"}
 )
 THINKING = ("thinking", "redacted_thinking")
+# an instruction to summarize (Claude Code's, Codex's compaction prompts), not a summary handed
+# back after one ("...produced a summary of its thinking process")
+SUMMARY_ASKED = re.compile(
+    r"\b(?:create|write|provide|generate)\s+(?:a|an)\s+(?:\w+\s+){0,3}summary|\bsummari[sz]e\b",
+    re.I,
+)
 SEARCH = "<<<<<<< SEARCH"
 DIVIDE = "======="
 REPLACE = ">>>>>>> REPLACE"
@@ -271,8 +277,8 @@ def decide(ask: Ask, script: Script) -> tuple[str, str | None, int, Answer]:
     turn = ask.last_turn(sid)
     shell = ask.shell_tool()
     system = ask.text_of_first_system().lower()
-    asked = ask.last_user_text().lower()[-3000:]  # a compaction prompt comes last
-    if "summar" in asked or (shell is None and "summar" in system):
+    asked = ask.last_user_text()[-3000:]  # a compaction prompt comes last
+    if SUMMARY_ASKED.search(asked) or (shell is None and "summar" in system):
         task = MARKER.search(ask.raw)
         said = f" The task was: {task.group(0)} (fix the flaky build)." if task else ""
         last = f" Steps 1 to {turn} ran: AGENTRUN sid={sid} turn={turn}." if sid else ""

@@ -223,7 +223,9 @@ def claude_argv(run: Run, session: Session, tools: Tools, env: dict[str, str]) -
     ]  # fmt: skip
 
 
-def codex_argv(run: Run, session: Session, exe: str, wire: str, env: dict[str, str]) -> list[str]:
+def codex_argv(
+    run: Run, session: Session, exe: str, wire: str, env: dict[str, str], client_window: int
+) -> list[str]:
     codex_home = session.work / "codex-home"
     codex_home.mkdir(parents=True, exist_ok=True)
     (codex_home / "config.toml").write_text(
@@ -239,6 +241,9 @@ def codex_argv(run: Run, session: Session, exe: str, wire: str, env: dict[str, s
         "request_max_retries = 1\n"
         "stream_max_retries = 1\n"
     )
+    if client_window:  # Codex then compacts on its own near it (90%)
+        text = (codex_home / "config.toml").read_text()
+        (codex_home / "config.toml").write_text(f"model_context_window = {client_window}\n" + text)
     env.update(CODEX_HOME=str(codex_home), BENCH_API_KEY="sk-fake-key")
     return [
         exe, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox",
@@ -297,9 +302,10 @@ def start_session(run: Run, session: Session, tools: Tools, args: argparse.Names
     if run.cli == "claude":
         argv = claude_argv(run, session, tools, env)
     elif run.cli == "codex":
-        argv = codex_argv(run, session, tools.bin("codex"), "responses", env)
+        argv = codex_argv(run, session, tools.bin("codex"), "responses", env, args.client_window)
     elif run.cli == "codex-chat":
-        argv = codex_argv(run, session, str(tools.codex_old / ".bin" / "codex"), "chat", env)
+        old = str(tools.codex_old / ".bin" / "codex")
+        argv = codex_argv(run, session, old, "chat", env, args.client_window)
     elif run.cli == "opencode":
         argv = opencode_argv(run, session, tools, env)
     else:
@@ -447,6 +453,9 @@ def main() -> None:
     parser.add_argument("--output-style", choices=("hex", "text"), default="hex")
     parser.add_argument("--task-reply", help="the brain's answer to aider's task message")
     parser.add_argument("--token-scale", type=float, default=1.0, help="the provider counts x this")
+    parser.add_argument(
+        "--client-window", type=int, default=0, help="tell Codex the window (it compacts itself)"
+    )
     parser.add_argument("--dump", action="store_true", help="keep every request body the brain got")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per session")
     parser.add_argument("--prefit-root", type=Path, default=ROOT)
