@@ -251,7 +251,12 @@ def codex_argv(
     ]  # fmt: skip
 
 
-def opencode_argv(run: Run, session: Session, tools: Tools, env: dict[str, str]) -> list[str]:
+def opencode_argv(
+    run: Run, session: Session, tools: Tools, env: dict[str, str], client_window: int
+) -> list[str]:
+    model: dict[str, Any] = {"name": MODEL}
+    if client_window:  # opencode then compacts on its own near it
+        model["limit"] = {"context": client_window, "output": 32000}
     config = {
         "$schema": "https://opencode.ai/config.json",
         "autoupdate": False,
@@ -264,7 +269,7 @@ def opencode_argv(run: Run, session: Session, tools: Tools, env: dict[str, str])
                 "npm": "@ai-sdk/openai-compatible",
                 "name": "bench",
                 "options": {"baseURL": f"{run.base}/v1", "apiKey": "sk-fake-key"},
-                "models": {MODEL: {"name": MODEL}},
+                "models": {MODEL: model},
             }
         },
     }
@@ -307,7 +312,7 @@ def start_session(run: Run, session: Session, tools: Tools, args: argparse.Names
         old = str(tools.codex_old / ".bin" / "codex")
         argv = codex_argv(run, session, old, "chat", env, args.client_window)
     elif run.cli == "opencode":
-        argv = opencode_argv(run, session, tools, env)
+        argv = opencode_argv(run, session, tools, env, args.client_window)
     else:
         argv = aider_argv(run, session, tools, args, env)
     (session.work / "argv.json").write_text(json.dumps(argv))
@@ -454,7 +459,10 @@ def main() -> None:
     parser.add_argument("--task-reply", help="the brain's answer to aider's task message")
     parser.add_argument("--token-scale", type=float, default=1.0, help="the provider counts x this")
     parser.add_argument(
-        "--client-window", type=int, default=0, help="tell Codex the window (it compacts itself)"
+        "--client-window",
+        type=int,
+        default=0,
+        help="tell Codex and opencode the window (they compact)",
     )
     parser.add_argument("--dump", action="store_true", help="keep every request body the brain got")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per session")
