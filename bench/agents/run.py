@@ -7,7 +7,8 @@ For each CLI and each path it starts the scripted provider (`bench.agents.brain`
 process), and for `prefit` its own redis-server and `prefit up` (run from `--prefit-root`,
 default this checkout, with its `.venv`) on free loopback ports, `PREFIT_MODELS` giving
 `agent-model` a `--window` window and both upstream base URLs pointing at the brain. It then
-runs one session (two concurrent ones for `aider2`) with a throwaway HOME, telemetry and
+runs one session (two at once, on different tasks, for a name ending in `2`: `aider2`,
+`claude2`, ...) with a throwaway HOME, telemetry and
 update checks off, bounded by `--timeout`, and always stops what it started.
 
 Clients (installed outside the repo, see docs/benchmarks.md "Real agent CLIs"):
@@ -16,7 +17,7 @@ Clients (installed outside the repo, see docs/benchmarks.md "Real agent CLIs"):
   codex-chat  an older Codex that still has wire_api = "chat" (Chat Completions)
   opencode    `opencode run`, an OpenAI-compatible provider (Chat Completions)
   aider       aider's scripting API (bench/agents/aider_session.py) in its own venv
-  aider2      two aider sessions on different tasks at once
+  <cli>2      two sessions of that client on different tasks at once (aider2, claude2...)
 
 Per session it prints one line: turns completed of `--turns` (the highest turn whose command
 came back to the brain), whether the brain's final answer was sent, the agent-loop requests
@@ -54,7 +55,7 @@ from shared.commands.redisproc import RedisProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "agent-model"
-CLIS = ("claude", "codex", "codex-chat", "opencode", "aider", "aider2")
+CLIS = ("claude", "codex", "codex-chat", "opencode", "aider")  # + "2": two sessions at once
 
 
 @dataclass(frozen=True)
@@ -304,14 +305,15 @@ def start_session(run: Run, session: Session, tools: Tools, args: argparse.Names
     repo.mkdir(parents=True, exist_ok=True)
     (repo / "README.md").write_text("# flaky build\n\nNotes go here.\n")
     env = home_env(session)
-    if run.cli == "claude":
+    cli = run.cli.removesuffix("2")
+    if cli == "claude":
         argv = claude_argv(run, session, tools, env)
-    elif run.cli == "codex":
+    elif cli == "codex":
         argv = codex_argv(run, session, tools.bin("codex"), "responses", env, args.client_window)
-    elif run.cli == "codex-chat":
+    elif cli == "codex-chat":
         old = str(tools.codex_old / ".bin" / "codex")
         argv = codex_argv(run, session, old, "chat", env, args.client_window)
-    elif run.cli == "opencode":
+    elif cli == "opencode":
         argv = opencode_argv(run, session, tools, env, args.client_window)
     else:
         argv = aider_argv(run, session, tools, args, env)
@@ -320,7 +322,7 @@ def start_session(run: Run, session: Session, tools: Tools, args: argparse.Names
 
 
 def run_sessions(run: Run, tools: Tools, args: argparse.Namespace) -> None:
-    count = 2 if run.cli == "aider2" else 1
+    count = 2 if run.cli.endswith("2") else 1
     for i in range(count):
         sid = secrets.token_hex(4)
         work = run.out / f"session-{i}"
@@ -475,8 +477,8 @@ def main() -> None:
     args = parser.parse_args()
     tools = Tools(args.npm, args.codex_old, args.aider_venv, Path("/tmp/agents-opencode-cache"))
     for cli in args.cli.split(","):
-        if cli not in CLIS:
-            parser.error(f"unknown --cli {cli!r}: choose from {', '.join(CLIS)}")
+        if cli.removesuffix("2") not in CLIS:
+            parser.error(f"unknown --cli {cli!r}: choose from {', '.join(CLIS)}, each + '2'")
     branch = subprocess.run(
         ["git", "-C", str(args.prefit_root), "log", "-1", "--format=%h %s"],
         capture_output=True, text=True, check=False,
