@@ -9,9 +9,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from bench.agents.brain import Brain, Script, Tokens
-from tests.conftest import TIKTOKEN_DIR, needs_tiktoken
 
-pytestmark = needs_tiktoken
 BASH = {"name": "Bash", "input_schema": {"type": "object", "properties": {"command": {}}}}
 SHELL = {
     "type": "function",
@@ -21,10 +19,10 @@ SHELL = {
 
 
 @pytest.fixture
-def brain(tmp_path: Path) -> TestClient:
+def brain(tmp_path: Path, tiktoken_dir: Path) -> TestClient:
     """A brain with a 300-token window and 3 turns, logging to a temporary file."""
     script = Script(window=300, turns=3, output_kb=1)
-    return TestClient(Brain(script, Tokens(TIKTOKEN_DIR), tmp_path / "log.jsonl").app())
+    return TestClient(Brain(script, Tokens(tiktoken_dir), tmp_path / "log.jsonl").app())
 
 
 def test_anthropic_overflow_shapes(brain: TestClient) -> None:
