@@ -537,6 +537,10 @@ def responses_answer(
         if reasoning:
             yield ev("response.output_item.added", output_index=0, item=reasoning)
             yield ev("response.output_item.done", output_index=0, item=reasoning)
+
+        def of_item(kind: str, **data: Any) -> bytes:  # an event about the item streamed
+            return ev(kind, item_id=item["id"], output_index=at, **data)
+
         if item["type"] == "function_call":
             yield ev(
                 "response.output_item.added",
@@ -544,19 +548,9 @@ def responses_answer(
                 item={**item, "arguments": "", "status": "in_progress"},
             )
             args = item["arguments"]
-            for part in (args[: len(args) // 2], args[len(args) // 2 :]):
-                yield ev(
-                    "response.function_call_arguments.delta",
-                    item_id=item["id"],
-                    output_index=at,
-                    delta=part,
-                )
-            yield ev(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=at,
-                arguments=args,
-            )
+            for piece in (args[: len(args) // 2], args[len(args) // 2 :]):
+                yield of_item("response.function_call_arguments.delta", delta=piece)
+            yield of_item("response.function_call_arguments.done", arguments=args)
         elif item["type"] == "message":
             text = answer.text or ""
             yield ev(
@@ -565,34 +559,12 @@ def responses_answer(
                 item={**item, "content": [], "status": "in_progress"},
             )
             part = {"type": "output_text", "text": "", "annotations": []}
-            yield ev(
-                "response.content_part.added",
-                item_id=item["id"],
-                output_index=at,
-                content_index=0,
-                part=part,
-            )
+            yield of_item("response.content_part.added", content_index=0, part=part)
             for piece in split_text(text):
-                yield ev(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=at,
-                    content_index=0,
-                    delta=piece,
-                )
-            yield ev(
-                "response.output_text.done",
-                item_id=item["id"],
-                output_index=at,
-                content_index=0,
-                text=text,
-            )
-            yield ev(
-                "response.content_part.done",
-                item_id=item["id"],
-                output_index=at,
-                content_index=0,
-                part={**part, "text": text},
+                yield of_item("response.output_text.delta", content_index=0, delta=piece)
+            yield of_item("response.output_text.done", content_index=0, text=text)
+            yield of_item(
+                "response.content_part.done", content_index=0, part={**part, "text": text}
             )
         else:
             yield ev("response.output_item.added", output_index=at, item=item)
