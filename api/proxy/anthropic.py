@@ -18,6 +18,7 @@ from itertools import chain
 from typing import Any
 
 from api.proxy.codec import dumps
+from api.proxy.dialect import tools_of
 from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
@@ -204,12 +205,6 @@ def _shared(old: list[Any], new: list[Any]) -> int:
 
 
 CONVERSIONS = Conversions()  # the process's
-
-
-def tools_of(body: Mapping[str, Any]) -> list[ToolSpec]:
-    """The request's tool definitions as sent (for counting)."""
-    tools = body.get("tools")
-    return list(tools) if isinstance(tools, list) else []
 
 
 class StartTap:

@@ -17,7 +17,7 @@ from shared.messages import Message, ToolSpec
 
 
 class Dialect(Protocol):
-    """One provider protocol (api/proxy/openai.py, api/proxy/anthropic.py)."""
+    """One provider protocol (api/proxy/openai.py, anthropic.py, responses.py)."""
 
     name: str  # the upstream's name
     forwarded: tuple[str, ...]  # client headers passed on as they are
@@ -63,3 +63,9 @@ class Dialect(Protocol):
     def error(self, status: int, message: str) -> dict[str, Any]:
         """An error body of this protocol, for prefit's own errors on its routes."""
         ...
+
+
+def tools_of(body: Mapping[str, Any]) -> list[ToolSpec]:
+    """The request's tool definitions as sent (for counting)."""
+    tools = body.get("tools")
+    return list(tools) if isinstance(tools, list) else []

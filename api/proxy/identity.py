@@ -135,8 +135,9 @@ async def _stored(client: AsyncClient, tenant: str, conv_id: str) -> bool:
 def derived_id(
     tenant: str, messages: Sequence[Message], preambles: frozenset[str] = frozenset()
 ) -> str:
-    """`auto-` + 24 hex digits of BLAKE2b over the tenant and the head's key."""
-    return DERIVED_PREFIX + _digest(tenant, head_key(messages, preambles))
+    """`auto-` + 24 hex digits of BLAKE2b over the tenant and the head's key (what
+    `conversation_id` gives a request that names no conversation or session)."""
+    return conversation_ids({}, {}, tenant, messages, preambles)[0]
 
 
 def session_signal(headers: Mapping[str, str], body: Mapping[str, Any]) -> tuple[str, str] | None:

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from api.proxy.dialect import tools_of
 from api.proxy.overflow import Overflow, openai_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import OPENAI
@@ -69,8 +70,7 @@ class OpenAIDialect:
         messages = body.get("messages")
         if not isinstance(messages, list):
             raise InvalidTranscript("'messages' must be a list")
-        tools = body.get("tools")
-        specs = list(tools) if isinstance(tools, list) else []
+        specs = tools_of(body)
         functions = body.get("functions")  # the legacy parameter: its specs take room too
         if isinstance(functions, list):
             specs += [{"type": "function", "function": f} for f in functions]

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
+from api.proxy.dialect import tools_of
 from api.proxy.fitting import Fit
 from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect
@@ -77,8 +78,7 @@ class ResponsesDialect(OpenAIDialect):
             raise InvalidTranscript(
                 exc.reason, at if at is not None and at >= 0 else None
             ) from None
-        tools = body.get("tools")
-        return messages, list(tools) if isinstance(tools, list) else []
+        return messages, tools_of(body)
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
         items: Any = to_responses(messages)
