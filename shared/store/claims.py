@@ -37,7 +37,7 @@ from shared.logs import get_logger
 from shared.store import keys
 from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
 from shared.store.chain import EMPTY
-from shared.store.client import Client, eval_in, guarded, text, ttl_ms
+from shared.store.client import Client, eval_in, guarded, guarded_once, text, ttl_ms
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
@@ -94,7 +94,7 @@ class Claims:
         self._records = records
         self._ttl = ttl_ms(retention_s)
 
-    @guarded
+    @guarded_once  # the claim script, the ratio, the breaker and the in-flight entry: 2+ slots
     def claim(
         self,
         tenant: str,
@@ -173,7 +173,7 @@ class Claims:
         self._records.publish(tenant, conv_id, record.prefix_hash, stored, overwrite=False)
         return wrote
 
-    @guarded
+    @guarded_once  # the tenant's usage and the conversation's record: two slots
     def _count_and_put(
         self, usage_keys: list[str], usage: list[Any], ks: list[str], args: list[Any]
     ) -> Any:

@@ -202,7 +202,14 @@ def guarded_read(fn: Callable[P, R]) -> Callable[P, R]:
     return _retrying(fn, reads=True)
 
 
-def _retrying(fn: Callable[P, R], *, reads: bool) -> Callable[P, R]:
+def guarded_once(fn: Callable[P, R]) -> Callable[P, R]:
+    """`guarded` without the retry, for a write that one pipeline sends to several cluster
+    nodes: one node may apply its part while another refuses, so running it again would apply
+    that part twice (usage counted twice, a claim finding its own lease)."""
+    return _retrying(fn, reads=False, retry=False)
+
+
+def _retrying(fn: Callable[P, R], *, reads: bool, retry: bool = True) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         client = getattr(args[0], "_r", None) if args else None
@@ -218,7 +225,7 @@ def _retrying(fn: Callable[P, R], *, reads: bool) -> Callable[P, R]:
                 if cluster:  # whatever happens next, the next call must not use a stale map
                     refresh(client)
                 pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt)
-                again = cluster and retryable(exc, reads=reads)
+                again = retry and cluster and retryable(exc, reads=reads)
                 if not (again and left() > pause + RETRY_MARGIN_S):
                     raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
                 log.info("store.retried", error=type(exc).__name__, attempt=attempt + 1)

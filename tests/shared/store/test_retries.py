@@ -15,6 +15,7 @@ from shared.store.client import (
     Client,
     connect,
     guarded,
+    guarded_once,
     guarded_read,
     never_sent,
     retry_within,
@@ -48,6 +49,10 @@ class Flaky:
     def read(self) -> str:
         return self._next()
 
+    @guarded_once
+    def write_across_slots(self) -> str:
+        return self._next()
+
 
 @pytest.fixture(scope="module")
 def cluster_client(cluster_url: str) -> Iterator[Client]:
@@ -78,6 +83,15 @@ def test_a_write_is_retried_after_a_redirection_but_not_after_a_dropped_reply(
     assert dropped.calls == 1
     read = Flaky(cluster_client, DROPPED)
     assert read.read() == "ok" and read.calls == 2
+
+
+def test_a_write_across_slots_is_never_retried(cluster_client: Client) -> None:
+    """A pipeline spanning nodes may have landed on one of them: even a redirection is reported
+    at once, as StoreUnavailable, rather than applying that part twice."""
+    across = Flaky(cluster_client, MovedError("1 127.0.0.1:1"))
+    with pytest.raises(StoreUnavailable):
+        across.write_across_slots()
+    assert across.calls == 1
 
 
 def test_retries_stop_at_the_deadline(cluster_client: Client) -> None:
