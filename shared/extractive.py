@@ -117,8 +117,11 @@ class ExtractiveSummarizer:
             elif role in HEAD_ROLES and text.strip():
                 prefix = f"{role}: "
                 yield TASK, prefix + _first_sentences(text, self.max_chars - len(prefix))
-            elif text.strip() and not handed_over(messages, i):
-                yield TASK, _abridge(_squash(_TAG.sub(" ", text)), self.max_request_chars)
+            elif role == "user":  # the person's own words, unless context handed over
+                if text.strip() and not handed_over(messages, i):
+                    yield TASK, _abridge(_squash(_TAG.sub(" ", text)), self.max_request_chars)
+            elif text.strip():  # a legacy function result: its first sentences, as before
+                yield TASK, _first_sentences(text, self.max_chars)
 
     def _assistant(
         self, m: Message, text: str, call_names: dict[str, str]
