@@ -180,8 +180,9 @@ def head_of(
     first = next((i for i in range(lead, n) if msgs[i].get("role") == "user"), None)
     if first is None:
         return Head(lead, None, None)
-    task, final = task_of(msgs, first)
-    unsure = not final and _past_examples(msgs, first) > first
+    examples = _past_examples(msgs, first)  # where the messages after them start
+    task, final = task_of(msgs, first, examples)
+    unsure = not final and examples > first
     if preambles and message_key(msgs[task]) in preambles:
         after = next_request(msgs, task)
         if after is not None:
@@ -195,14 +196,15 @@ def head_of(
         template_kept=template_kept,
         final=final,
         note_task=first if unsure and task != first else None,
-        requests=() if template_kept else requests_in(msgs, first, task),
+        requests=() if template_kept else requests_in(msgs, first, task, examples),
     )
 
 
-def requests_in(msgs: Sequence[Message], first: int, task: int) -> tuple[int, ...]:
+def requests_in(msgs: Sequence[Message], first: int, task: int, examples: int) -> tuple[int, ...]:
     """Indices of the person's requests in the template `msgs[first + 1 : task]`: its small
-    user messages past the few-shot examples, the `TEMPLATE_MAX_REQUESTS` nearest the task."""
-    start = max(first + 1, _past_examples(msgs, first))
+    user messages past the few-shot examples (which end at `examples`), the
+    `TEMPLATE_MAX_REQUESTS` nearest the task."""
+    start = max(first + 1, examples)
     found = [
         i
         for i in range(start, task)
@@ -274,10 +276,11 @@ def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:
     return head_of(msgs, keep_first_user=keep_first_user).end
 
 
-def task_of(msgs: Sequence[Message], first: int) -> tuple[int, bool]:
+def task_of(msgs: Sequence[Message], first: int, examples: int) -> tuple[int, bool]:
     """(index of the person's task, whether later messages can no longer move it), given
-    the first user message at `first` (see the module docstring)."""
-    at = _past_examples(msgs, first)
+    the first user message at `first` and where the messages after any few-shot examples
+    start, `examples` (`_past_examples`; see the module docstring)."""
+    at = examples
     n, skipped = len(msgs), 0
     while at < n and msgs[at].get("role") == "user" and skipped <= TEMPLATE_MAX_EXCHANGES:
         skipped += 1
