@@ -132,9 +132,10 @@ class ResentBodies:
                 return value[0], False
         return loads(raw), True
 
-    def remember(self, tenant: str, raw: bytes) -> None:
-        """Learn where `raw`'s messages end, for the bodies that will resend them (sync)."""
-        known = _scanned(raw)
+    def remember(self, tenant: str, raw: bytes, value: Any) -> None:
+        """Learn where `raw`'s messages end, for the bodies that will resend them (sync);
+        `value` is what `loads` made of `raw`, to check the scan against."""
+        known = _scanned(raw, value)
         if known is not None:
             self._keep((tenant, raw[:KEY_BYTES]), known)
 
@@ -207,9 +208,10 @@ def _resent(known: _Known, raw: bytes) -> tuple[dict[str, Any], _Known] | None:
     return value, _Known(raw, known.before, value["messages"], [*known.ends[:k], *ends])
 
 
-def _scanned(raw: bytes) -> _Known | None:
+def _scanned(raw: bytes, value: Any) -> _Known | None:
     """`raw` parsed message by message, with where each ends; None unless it is a JSON object
-    whose `messages` is a non-empty list of objects."""
+    whose `messages` is a non-empty list of objects and the scan gives `value`, what `loads`
+    made of it."""
     try:
         text = raw.decode()
         at = text.index('"messages"')
@@ -223,8 +225,7 @@ def _scanned(raw: bytes) -> _Known | None:
     if found is None or not found[0] or not isinstance(before, dict):
         return None
     messages, ends, after = found
-    value = {**before, "messages": messages, **after}
-    if value != loads(raw):  # `"messages"` first seen inside a string, say: not the key
+    if {**before, "messages": messages, **after} != value:  # `"messages"` inside a string
         return None
     return _Known(raw, before, messages, ends)
 

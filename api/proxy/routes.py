@@ -158,7 +158,7 @@ async def _relayed(
     relay = relay_type(svc, dialect, caller, body, raw, request.headers, rec)
     answer = await relay.run()
     if learn:  # after the answer and its sync: where this body's messages end, for the next
-        relay.background.add_task(BODIES.remember, caller.tenant, raw)
+        relay.background.add_task(BODIES.remember, caller.tenant, raw, body)
     elif dialect is OPENAI_DIALECT and relay.fitter is not None:  # its messages as they came
         BODIES.adopt(caller.tenant, raw, relay.fitter.messages)
     return answer

@@ -33,7 +33,7 @@ def learned(bodies: ResentBodies, raw: bytes, tenant: str = "t") -> Any:
     """Parse `raw` as the proxy does (learning it when told to); its value."""
     value, learn = bodies.loads(tenant, raw)
     if learn:
-        bodies.remember(tenant, raw)
+        bodies.remember(tenant, raw, value)
     return value
 
 
