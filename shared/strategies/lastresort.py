@@ -32,7 +32,7 @@ import math
 from typing import Any
 
 from shared.messages import Message
-from shared.strategies.drop import drop_runs, droppable, latest_request, marker_counts
+from shared.strategies.drop import drop_runs, droppable, marker_counts, pinned
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.truncate import TruncateToolResults
 from shared.strategies.work import Work
@@ -71,8 +71,9 @@ def shed_kept(work: Work, budget: int) -> None:
     """Over `budget` still: drop the latest request `DropOldest` kept, then its markers."""
     work.align()
     # only what DropOldest kept past everything else it could drop: with older turns still
-    # in (strategies without DropOldest), the latest request is not the one to go
-    at = None if droppable(work) else _kept_request(work)
+    # in (strategies without DropOldest), the latest request is not the one to go; with none
+    # left, a request too big to pin would have been droppable, so `pinned` finds the kept one
+    at = None if droppable(work) else pinned(work, len(work.messages))
     if work.tokens() > budget and at is not None:
         before, request = work.tokens(), work.origin[at]
         drop_runs(work, work.messages, work.origin, [(at, at + 1)])
@@ -82,17 +83,10 @@ def shed_kept(work: Work, budget: int) -> None:
     markers = [p for p, m in enumerate(work.messages) if _is_marker(work, p, m)]
     if work.tokens() > budget and markers:
         before = work.tokens()
-        keep = [p for p in range(len(work.messages)) if p not in set(markers)]
+        dropped = set(markers)
+        keep = [p for p in range(len(work.messages)) if p not in dropped]
         work.replace([work.messages[p] for p in keep], [work.origin[p] for p in keep])
         work.record(MARKERS_NAME, before, markers=len(markers))
-
-
-def _kept_request(work: Work) -> int | None:
-    """Position of the user's latest message when kept outside the head and the recent turns."""
-    found = latest_request(work.transcript, work.head_end, work.tail_start)
-    if found is None or work.head.protects(found):
-        return None
-    return next((p for p, o in enumerate(work.origin) if o == found), None)
 
 
 def _is_marker(work: Work, p: int, m: Message) -> bool:
