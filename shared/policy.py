@@ -105,20 +105,19 @@ class ContextPolicy:
         """This policy measuring with `counter`, sharing its memory of validated transcripts
         and ledgers (a ledger holds uncalibrated sizes: counters with another calibration
         ratio on the same base share it; another base builds its own)."""
-        twin = object.__new__(type(self))  # copy.copy costs ten times more, per request
-        twin.__dict__.update(self.__dict__)
         # a ScaledCounter sizes messages: skip per_message's (slow) Protocol check
-        twin.counter = counter if type(counter) is ScaledCounter else per_message(counter)
-        return twin
+        sized = counter if type(counter) is ScaledCounter else per_message(counter)
+        return self._twin(counter=sized)
 
     def heading(self, preambles: frozenset[str]) -> ContextPolicy:
         """This policy finding heads past `preambles` (the `message_key`s of openings the
         tenant's memory found to be preambles: shared/head.py), sharing its memory."""
-        if preambles == self.preambles:
-            return self
-        twin = object.__new__(type(self))
-        twin.__dict__.update(self.__dict__)
-        twin.preambles = preambles
+        return self if preambles == self.preambles else self._twin(preambles=preambles)
+
+    def _twin(self, **changed: Any) -> ContextPolicy:
+        """A shallow copy with `changed` attributes, sharing everything else."""
+        twin = object.__new__(type(self))  # copy.copy costs ten times more, per request
+        twin.__dict__.update(self.__dict__, **changed)
         return twin
 
     # --- sizes -------------------------------------------------------------------------
