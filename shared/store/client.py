@@ -224,12 +224,8 @@ def _retrying(fn: Callable[P, R], *, reads: bool, retry: bool = True) -> Callabl
                     raise  # a bug (a command crossing slots), not a fault of the cluster
                 if cluster:  # whatever happens next, the next call must not use a stale map
                     refresh(client)
-                pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt)
                 again = retry and cluster and retryable(exc, reads=reads)
-                if not (again and left() > pause + RETRY_MARGIN_S):
-                    raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
-                log.info("store.retried", error=type(exc).__name__, attempt=attempt + 1)
-                time.sleep(pause)
+                time.sleep(_pause(exc, attempt, left, again))
                 attempt += 1
 
     return wrapper
@@ -247,14 +243,21 @@ async def guarded_read_async(read: Callable[[], Awaitable[R]], client: Any) -> R
         except CAUGHT_ASYNC as exc:
             if isinstance(exc, RedisClusterException) and not topology_fault(exc):
                 raise
-            pause = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2**attempt)
-            if not (cluster and left() > pause + RETRY_MARGIN_S):
-                raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
-            log.info("store.retried", error=type(exc).__name__, attempt=attempt + 1)
-            await asyncio.sleep(pause)
-            with contextlib.suppress(redis.RedisError, RedisClusterException, OSError):
-                await client.nodes_manager.initialize()
+            await asyncio.sleep(_pause(exc, attempt, left, cluster))
+            if _refresh_due(client):
+                with contextlib.suppress(redis.RedisError, RedisClusterException, OSError):
+                    await client.nodes_manager.initialize()
             attempt += 1
+
+
+def _pause(exc: BaseException, attempt: int, left: Callable[[], float], again: bool) -> float:
+    """The backoff before attempt `attempt + 1` of a call that failed with `exc`; raises
+    `StoreUnavailable` when it may not run `again` or the time left cannot hold the pause."""
+    pause: float = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0**attempt)
+    if not (again and left() > pause + RETRY_MARGIN_S):
+        raise StoreUnavailable(f"redis unavailable: {type(exc).__name__}") from exc
+    log.info("store.retried", error=type(exc).__name__, attempt=attempt + 1)
+    return pause
 
 
 def _clock() -> Callable[[], float]:
@@ -302,17 +305,23 @@ def refresh(client: Any) -> None:
     """Read a cluster's slot map again (a failover or a resharding moved slots), unless it was
     read in the last REFRESH_EVERY_S; a no-op for a standalone client, or when no node answers
     (the next attempt reports that)."""
-    if not isinstance(client, RedisCluster):
+    if not isinstance(client, RedisCluster) or not _refresh_due(client):
         return
-    now = time.monotonic()
-    with _refresh_lock:
-        if now - _refreshed.get(id(client), -REFRESH_EVERY_S) < REFRESH_EVERY_S:
-            return
-        _refreshed[id(client)] = now
     try:
         client.nodes_manager.initialize()
     except (redis.RedisError, RedisClusterException, OSError) as exc:
         log.info("store.topology_unread", error=type(exc).__name__)
+
+
+def _refresh_due(client: Any) -> bool:
+    """Whether `client`'s slot map may be read again now (see `REFRESH_EVERY_S`); if so, the
+    read is counted as done."""
+    now = time.monotonic()
+    with _refresh_lock:
+        if now - _refreshed.get(id(client), -REFRESH_EVERY_S) < REFRESH_EVERY_S:
+            return False
+        _refreshed[id(client)] = now
+        return True
 
 
 def ttl_ms(seconds: float) -> int:
