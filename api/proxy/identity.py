@@ -112,12 +112,17 @@ async def resolved(
     body: Mapping[str, Any],
     tenant: str,
     messages: Sequence[Message],
+    guessed: tuple[frozenset[str], tuple[str, ...]] | None = None,
 ) -> tuple[str, frozenset[str]]:
     """(the request's conversation id, the preambles its head is found past), the tenant's
     memory of openings read (shared/store/openings.py). Of the two readings of an
-    unconfirmed few-shot close, the one naming a stored conversation."""
+    unconfirmed few-shot close, the one naming a stored conversation. `guessed`: preambles
+    known before the read and the `conversation_ids` they gave, reused when the read agrees."""
     preambles = await openings.preambles(client, tenant, messages)
-    ids = conversation_ids(headers, body, tenant, messages, preambles)
+    if guessed is not None and guessed[0] == preambles:
+        ids = guessed[1]
+    else:
+        ids = conversation_ids(headers, body, tenant, messages, preambles)
     if len(ids) > 1 and await _stored(client, tenant, ids[1]):
         return ids[1], preambles
     return ids[0], preambles

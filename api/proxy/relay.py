@@ -29,7 +29,7 @@ from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
-from api.proxy.identity import conversation_id, resolved
+from api.proxy.identity import conversation_ids, resolved
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough
@@ -69,6 +69,8 @@ class Relay:
     background: BackgroundTasks = field(default_factory=BackgroundTasks)
     fitter: Fitter | None = None
     conv_id: str | None = None
+    # the preambles `_checked` found in this process's memory, and the ids they give
+    guessed: tuple[frozenset[str], tuple[str, ...]] | None = None
     label: str = ""  # x-prefit-fit
     retries: int = 0
 
@@ -171,6 +173,7 @@ class Relay:
             self.body,
             self.caller.tenant,
             messages,
+            self.guessed,
         )
         self.rec.conversation_id = self.conv_id
         self.rec.length = len(messages)
@@ -205,7 +208,8 @@ class Relay:
         try:
             tenant = self.caller.tenant  # the memory as this process knows it: `_fit_to` reads it
             preambles = self.svc.openings.cached(tenant, messages)
-            self.conv_id = conversation_id(self.headers, self.body, tenant, messages, preambles)
+            ids = conversation_ids(self.headers, self.body, tenant, messages, preambles)
+            self.guessed, self.conv_id = (preambles, ids), ids[0]
         except (AttributeError, TypeError, KeyError):  # not messages: validation says why
             self.svc.validated.validate(messages)
             raise
