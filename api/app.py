@@ -29,8 +29,8 @@ from api.deps import Services
 from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
-from api.logging import RequestLogger
 from api.proxy import routes as proxy_routes
+from api.requestlog import RequestLogger
 from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
 from shared.settings import Settings, get_settings

@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import error_response
-from api.logging import request_log
+from api.requestlog import request_log
 from shared.errors import ConfigError, Forbidden, InvalidId, Unauthorized
 from shared.store import keys
 

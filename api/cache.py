@@ -21,14 +21,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from api.proxy.codec import dumps, loads
-from api.views import tail_start
+from api.views import known_tail_start
 from shared.errors import NotFound
-from shared.hashing import canonical
+from shared.hashing import EMPTY, canonical, extend_chain
 from shared.messages import Message
 from shared.policy import ContextPolicy
-from shared.store.chain import EMPTY, extend_chain
 from shared.store.increments import AsyncIncrements, Increment, Increments
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 MAX_CHARS = 256 * 1024 * 1024  # bytes of stored JSON held, across conversations
 MAX_ENTRIES = 4096
@@ -70,7 +69,7 @@ class Loaded:
 
     def regions(self, policy: ContextPolicy) -> tuple[int, int]:
         """`policy.regions` of these messages, found once per snapshot: from the last
-        messages when they hold the recent turns (`api.views.tail_start`), since a snapshot
+        messages when they hold the recent turns (`api.views.known_tail_start`), since a snapshot
         extended by a turn is a new one; by a pass over them all otherwise."""
         key = (policy.keep_first_user, policy.keep_recent, policy.preambles)
         found = self._regions.get(key)
@@ -89,7 +88,7 @@ def snapshot_regions(policy: ContextPolicy, messages: list[Message]) -> tuple[in
     head = policy.head(messages).end
     window = messages[-RECENT:]
     if all(m.get("role") != "function" for m in window):  # legacy results join their call
-        tail = tail_start(window, len(messages) - len(window), head, policy.keep_recent)
+        tail = known_tail_start(window, len(messages) - len(window), head, policy.keep_recent)
         if tail is not None:
             return head, tail
     return policy.regions(messages)

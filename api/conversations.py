@@ -27,8 +27,8 @@ from api.payloads import incoming, incoming_tools, validate_appended
 from api.policies import Window
 from api.schemas import AppendRequest, ConversationInfo, ReplaceRequest, SummaryInfo
 from api.sizes import Sizes, Sizing
-from api.views import View, context_start, is_bound, kept_head_end, tail_start
-from shared.calibration import scale
+from api.views import View, context_start, is_bound, kept_head_end, known_tail_start
+from shared.counting.calibration import scale
 from shared.errors import InvalidTranscript, LengthMismatch, NotFound, WriteConflict
 from shared.hashing import prefix_hashes
 from shared.head import head_end
@@ -110,7 +110,7 @@ class Conversations:
         scaled = self.svc.scaled(tenant, window.model)
         hashes = list(hashes) if hashes is not None else prefix_hashes(messages)
         head = head_end(messages)
-        tail = tail_start(messages, 0, head, self.svc.settings.keep_recent) or head
+        tail = known_tail_start(messages, 0, head, self.svc.settings.keep_recent) or head
         bound, counter = is_bound(messages, 0), self.svc.counter_id
         for _ in range(MAX_REVALIDATIONS):
             tip = self.svc.tally.tip(tenant, conv_id, counter=self.svc.counter_id, tail=1)
@@ -198,7 +198,8 @@ class Conversations:
             if anchored
             else None,
             viewed=view.length,
-            upto_max=tail_start(full, view.offset, head, self.svc.settings.keep_recent) or head,
+            upto_max=known_tail_start(full, view.offset, head, self.svc.settings.keep_recent)
+            or head,
             model=window.model,
         )
 

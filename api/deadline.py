@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import RETRY_AFTER_S
-from api.logging import SCOPE_KEY, RequestLog
+from api.requestlog import SCOPE_KEY, RequestLog
 from shared.logs import get_logger
 from shared.store.client import retry_within
 

@@ -29,17 +29,18 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 
 from api.auth import KeyRing
-from api.broker import BrokerCheck, broker_check
+from api.brokercheck import BrokerCheck, broker_check
 from api.cache import ConversationCache
-from api.calibration import CachedRatios
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
-from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
 from api.proxy.learned import LearnedWindows
 from api.proxy.upstream import Transport
-from shared.calibration import ScaledCounter
-from shared.counters import HeuristicCounter, TokenCounter
+from api.ratios import CachedRatios
+from api.requestlog import request_log
+from shared.counting.calibration import ScaledCounter
+from shared.counting.counters import HeuristicCounter
+from shared.counting.protocol import TokenCounter
 from shared.settings import Settings
 from shared.store import Store, keys
 from shared.store.client import Client

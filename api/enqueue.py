@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from api.broker import ENQUEUED_MS
+from api.brokercheck import ENQUEUED_MS
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
 from shared.service.broker import celery_options
@@ -33,7 +33,7 @@ from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME, Summa
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.blocks import origin
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 log = get_logger(__name__)
 
@@ -115,7 +115,7 @@ class CeleryEnqueue:
 
 
 @dataclass(frozen=True)
-class Claim:
+class Reservation:
     """The right to send one job: its dedupe marker is set, the send is still to come."""
 
     job: SummaryJob
@@ -148,8 +148,9 @@ class SummaryTrigger:
 
     def claim(
         self, job: SummaryJob, kind: Kind, best: SummaryRecord | None, *, step: int
-    ) -> Claim | None:
-        """A `Claim` unless a job for this state was claimed already (`StoreUnavailable` passes).
+    ) -> Reservation | None:
+        """A `Reservation` unless a job for this state was claimed already (`StoreUnavailable`
+        passes).
 
         `step` is the conversation's size in coarse steps (see `size_step`): growth by a step
         is a new state, so a job the worker found not due yet is asked again as it grows.
@@ -165,9 +166,9 @@ class SummaryTrigger:
             return None
         if self._on_claimed is not None:
             self._on_claimed(kind)
-        return Claim(job, kind, marker)
+        return Reservation(job, kind, marker)
 
-    def send(self, claim: Claim) -> bool:
+    def send(self, claim: Reservation) -> bool:
         """Publish the claimed job; True if the broker took it."""
         job = claim.job
         ids = {"tenant": job.tenant, "conversation_id": job.conversation_id, "kind": claim.kind}
@@ -185,7 +186,7 @@ class SummaryTrigger:
         self._sent(claim.kind, True)
         return True
 
-    def _keep(self, claim: Claim) -> bool:
+    def _keep(self, claim: Reservation) -> bool:
         """Keep the refused job for the reapers; True if it is the conversation's first (or it
         could not be kept: Redis is failing too, and that is worth a line each time)."""
         try:

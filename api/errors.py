@@ -3,7 +3,7 @@
 One handler maps the whole `PrefitError` tree (the nearest class in the MRO decides the
 status); two more translate the framework's own errors (bad JSON, schema violations,
 unknown routes) into the same shape. Anything else is a bug, answered 500 by the request
-logger (api/logging.py), which logs its type and stack but never its message.
+logger (api/requestlog.py), which logs its type and stack but never its message.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from api.logging import request_log
+from api.requestlog import request_log
 from shared.errors import (
     ConfigError,
     DoesNotFit,
@@ -142,7 +142,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(PrefitError, on_prefit_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(HTTPException, on_http_error)
-    # Any other exception is a bug: the RequestLogger middleware answers it (api/logging.py).
+    # Any other exception is a bug: the RequestLogger middleware answers it (api/requestlog.py).
 
 
 def _from_validation(exc: RequestValidationError) -> PrefitError:

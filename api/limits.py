@@ -15,7 +15,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.logging import SCOPE_KEY, RequestLog
+from api.requestlog import SCOPE_KEY, RequestLog
 from shared.errors import TooLarge
 
 PLACEHOLDER = "<...>"

@@ -3,7 +3,7 @@
 Request-level numbers come from the canonical request log record (the drop-in proxy's fit
 outcomes and its providers' answers too); LLM usage and dead letters are read from Redis when
 scraped (the counters and lists of every configured tenant), the summary queue's depth and the
-age of its oldest job from the broker (Redis or RabbitMQ: `api.broker`). A scrape with Redis
+age of its oldest job from the broker (Redis or RabbitMQ: `api.brokercheck`). A scrape with Redis
 down reports `prefit_store_up 0` and the request metrics, one with the broker down
 `prefit_broker_up 0` without the depth; it never fails.
 
@@ -28,8 +28,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from api.broker import BrokerCheck
-from api.logging import RequestLog
+from api.brokercheck import BrokerCheck
+from api.requestlog import RequestLog
 from shared.logs import get_logger
 from shared.store.breaker import BreakerState
 

@@ -3,7 +3,7 @@
 A model's window comes from `PREFIT_MODELS` (`Settings.models`) or from the request's
 `max_input_tokens`; a model with neither is an `UnknownModel`. The app keeps one policy per
 window (`Policies`), so what a policy remembers of a conversation it prepared (the
-transcript it validated and the ledger of its sizes, shared/ledger.py) serves the next
+transcript it validated and the ledger of its sizes, shared/cut.py) serves the next
 prepare of that conversation: then only the new messages are validated and measured. Each
 request measures with a copy of it holding the tenant's counter, its calibration ratio read
 once for that request.
@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from shared.counters import TokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.errors import ConfigError, UnknownModel
 from shared.policy import ContextPolicy
 from shared.service.jobs import SummaryJob
@@ -67,15 +67,6 @@ def resolve_window(settings: Settings, model: str, max_input_tokens: int | None)
             f"max_input_tokens ({window}) of model {model!r} must exceed reserve_output ({reserve})"
         )
     return Window(model, window, reserve)
-
-
-def make_policy(
-    settings: Settings,
-    window: Window,
-    counter: TokenCounter,
-) -> ContextPolicy:
-    """The API's policy for one request: settings' thresholds, no summarizer."""
-    return service_policy(settings, window.max_input_tokens, window.reserve_output, counter)
 
 
 MAX_WINDOWS = 16  # requests may name any max_input_tokens: keep the latest few

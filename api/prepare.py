@@ -28,18 +28,19 @@ from starlette.requests import Request
 from api.cache import Loaded
 from api.deadline import clock_of, within
 from api.deps import Services
-from api.enqueue import Claim, size_step
-from api.logging import RequestLog
+from api.enqueue import Reservation, size_step
 from api.payloads import incoming, incoming_tools, prepared_body
-from api.policies import Window, make_policy
+from api.policies import Window
+from api.requestlog import RequestLog
 from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
-from shared.calibration import ScaledCounter
+from shared.counting.calibration import ScaledCounter
 from shared.errors import InvalidRequest, StoreUnavailable
 from shared.hashing import prefix_hashes
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec, validate
 from shared.policy import ContextPolicy, Prepared
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.service.windows import service_policy
+from shared.summaries.book import SummaryBook, SummaryRecord
 
 log = get_logger(__name__)
 
@@ -52,7 +53,7 @@ class Fitted:
 
     prepared: Prepared
     report: dict[str, Any]
-    claim: Claim | None
+    claim: Reservation | None
 
 
 class Preparer:
@@ -69,7 +70,7 @@ class Preparer:
         window: Window,
         rec: RequestLog,
         request: Request | None = None,
-    ) -> tuple[bytes, Claim | None]:
+    ) -> tuple[bytes, Reservation | None]:
         """The answer, and a claimed summary job for the caller to send after it (if any)."""
         tools = incoming_tools(req.tools, format=req.format)
         loaded, best, counter, degraded = await self._stored_state(tenant, conv_id, window)
@@ -201,7 +202,9 @@ class Preparer:
         except (StoreUnavailable, TimeoutError):
             degraded = True
             counter = self.svc.scaled_by(self.svc.ratios.last_known(tenant, window.model))
-        policy = make_policy(self.svc.settings, window, counter)
+        policy = service_policy(
+            self.svc.settings, window.max_input_tokens, window.reserve_output, counter
+        )
         best = None
         hashes = None
         if not degraded and self._over(policy, messages, tools, window, req.pressure):
@@ -227,7 +230,7 @@ class Preparer:
 
     async def observe(self, tenant: str, req: ObserveRequest) -> None:
         """Fold the provider's count into the tenant's ratio of the model; an implausible one
-        is refused (`ImplausibleObservation`, shared/service/settling.py), changing nothing."""
+        is refused (`ImplausibleObservation`, shared/counting/calibration.py), changing nothing."""
         messages = validate(incoming(req.messages, format=req.format, system=req.system))
         tools = incoming_tools(req.tools, format=req.format)
         await self.calibrate(tenant, req.model, messages, tools, req.actual_prompt_tokens)
@@ -288,11 +291,11 @@ class Preparer:
         rec: RequestLog,
         extra_tokens: int,
         step: int,
-    ) -> Claim | None:
+    ) -> Reservation | None:
         """Claim the due summary's job at high priority (None: claimed already, or no Redis)."""
         job = window.job(tenant, conv_id, loaded.length, loaded.hashes[-1], extra_tokens)
         try:
-            claim: Claim | None = await run_in_threadpool(
+            claim: Reservation | None = await run_in_threadpool(
                 partial(self.svc.trigger.claim, job, "stale", best, step=step)
             )
         except StoreUnavailable as exc:  # the answer stands without it; the next prepare asks

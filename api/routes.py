@@ -24,9 +24,9 @@ from api.deadline import within
 from api.deps import Services, get_services, get_tenant
 from api.errors import RETRY_AFTER_S
 from api.limits import check_sizes
-from api.logging import RequestLog, request_log
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
+from api.requestlog import RequestLog, request_log
 from api.schemas import (
     CONVERSATION_ID,
     AppendRequest,

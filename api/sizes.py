@@ -13,18 +13,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from api.deps import Services
-from api.enqueue import Claim, size_step
+from api.enqueue import Reservation, size_step
 from api.policies import Window
-from api.views import View, read_view, tail_start
-from shared.calibration import ScaledCounter, scale
+from api.views import View, known_tail_start, read_view
+from shared.counting.calibration import ScaledCounter, scale
 from shared.errors import NotFound, StoreUnavailable
 from shared.logs import get_logger
 from shared.messages import ToolSpec
 from shared.policy import State
 from shared.service.jobs import SummaryJob
 from shared.store.writes import Written
-from shared.summaries import SummaryRecord
-from shared.summarize import summary_message
+from shared.summaries.book import SummaryRecord
+from shared.summaries.incremental import summary_message
 
 log = get_logger(__name__)
 
@@ -41,7 +41,7 @@ class Sizes:
     effective_tokens: int
     state: State
     best: SummaryRecord | None
-    claim: Claim | None = None  # a summary job to send once the answer is out
+    claim: Reservation | None = None  # a summary job to send once the answer is out
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class Sizing:
         if not view.exists:
             raise NotFound(f"conversation {conv_id!r} not found")
         keep = self.svc.settings.keep_recent
-        tail = tail_start(view.window, view.offset, view.head_end, keep) or view.head_end
+        tail = known_tail_start(view.window, view.offset, view.head_end, keep) or view.head_end
         best = self.svc.store.records.best(tenant, conv_id, upto_max=tail)
 
         def at(upto: int, head: int) -> tuple[int, int]:
@@ -136,7 +136,7 @@ class Sizing:
         summary = self.base.count_message(summary_message(m.best, m.head))
         return m.total - upto_tokens + head_tokens + summary
 
-    def _claim(self, job: SummaryJob, best: SummaryRecord | None, step: int) -> Claim | None:
+    def _claim(self, job: SummaryJob, best: SummaryRecord | None, step: int) -> Reservation | None:
         try:
             return self.svc.trigger.claim(job, "ahead", best, step=step)
         except StoreUnavailable as exc:  # the write is stored; the next trigger asks again

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
-from shared.counting import MessageCounter
+from shared.counting.protocol import MessageCounter
 from shared.head import head_end, head_of
 from shared.messages import Message
 from shared.store.tally import Tally, Tip
@@ -49,7 +49,9 @@ def group_starts(window: Sequence[Message], offset: int, head: int) -> list[int]
     ]
 
 
-def tail_start(window: Sequence[Message], offset: int, head: int, keep_recent: int) -> int | None:
+def known_tail_start(
+    window: Sequence[Message], offset: int, head: int, keep_recent: int
+) -> int | None:
     """Start of the protected recent tail (as `ContextPolicy.regions`); None if unknowable."""
     starts = group_starts(window, offset, head)
     if len(starts) >= keep_recent:

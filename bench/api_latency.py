@@ -69,13 +69,13 @@ from bench.harness import (
 )
 from shared.commands.clusterproc import ClusterProcess
 from shared.commands.redisproc import RedisProcess
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.policy import ContextPolicy
 from shared.providers import OpenAIClient
 from shared.settings import Settings
 from shared.store import Store
-from shared.summaries import SummaryBook
-from shared.summarizers import LLMSummarizer
+from shared.summaries.book import SummaryBook
+from shared.summaries.summarizers import LLMSummarizer
 from tests.fakellm import FakeLLM
 
 WARMUP = 2  # requests per client before the measured ones

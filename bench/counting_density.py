@@ -22,8 +22,8 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from shared.counters import HeuristicCounter
-from shared.encodings import load_encoding
+from shared.counting.counters import HeuristicCounter
+from shared.counting.encodings import load_encoding
 from tests.conftest import SHARED, TIKTOKEN_DIR
 
 ROOT = Path(__file__).resolve().parent.parent

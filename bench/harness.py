@@ -21,8 +21,7 @@ from typing import Any
 
 from shared.commands.redisproc import free_port
 from shared.commands.up import METRICS_DIR, api_argv
-from shared.counters import HeuristicCounter
-from shared.extractive import ExtractiveSummarizer
+from shared.counting.counters import HeuristicCounter
 from shared.head import head_end
 from shared.logs import configure_logging
 from shared.messages import Message, groups
@@ -30,6 +29,7 @@ from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
 from shared.settings import ModelWindow, Settings
 from shared.store import Store
+from shared.summaries.extractive import ExtractiveSummarizer
 
 ROOT = Path(__file__).resolve().parent.parent
 TRANSCRIPTS = ROOT.parent / "shared" / "transcripts"

@@ -29,7 +29,8 @@ from typing import Any
 
 from langchain_core.messages import BaseMessage, convert_to_openai_messages, trim_messages
 
-from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from tests.conftest import TIKTOKEN_DIR, long_session

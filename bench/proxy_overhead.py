@@ -61,13 +61,13 @@ from bench.harness import (
 )
 from shared.commands.redisproc import RedisProcess, free_port
 from shared.errors import NotFound
-from shared.extractive import ExtractiveSummarizer
 from shared.formats import from_anthropic, to_anthropic
 from shared.messages import Message
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
 from shared.settings import Settings
 from shared.store import Store
+from shared.summaries.extractive import ExtractiveSummarizer
 
 TENANT = "local"
 

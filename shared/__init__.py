@@ -1,8 +1,9 @@
 """prefit's core library: fit long LLM conversations into a model's input window."""
 
-from shared.calibration import CalibratedCounter, MemoryRatios, RatioStore
 from shared.client import AsyncPrefitClient, PrefitClient
-from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.counting.calibration import CalibratedCounter, MemoryRatios, RatioStore
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.errors import (
     ConfigError,
     ContextLengthExceeded,
@@ -23,10 +24,8 @@ from shared.errors import (
     UnknownModel,
 )
 from shared.hashing import prefix_hash, prefix_hashes
-from shared.llm import Completion, LLMClient
 from shared.messages import Message, ToolSpec, groups, validate
-from shared.planning import SummaryPlan
-from shared.policy import ContextPolicy, Prepared
+from shared.policy import ContextPolicy, Prepared, SummaryPlan
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -35,8 +34,9 @@ from shared.strategies import (
     TruncateToolResults,
     Work,
 )
-from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarizers import Summarizer
+from shared.summaries.book import SummaryBook, SummaryRecord
+from shared.summaries.llm import Completion, LLMClient
+from shared.summaries.summarizers import Summarizer
 
 __all__ = [
     "AsyncPrefitClient",

@@ -1,4 +1,11 @@
-"""ContextPolicy: fit a conversation into a model's input window."""
+"""ContextPolicy: fit a conversation into a model's input window.
+
+A stored summary record is served as the prompt `[head][summary][rest]`: when the book's best
+record brings the prompt under the trigger, `prepare` sends exactly that and cuts nothing
+else, so the prompt's prefix stays byte-stable between records (the providers' prompt caches
+depend on it). Planning (`plan_summary`) measures the same prompt, its *effective* tokens, to
+decide when the next record is due.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +15,15 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
-from shared.calibration import CalibratedCounter, ScaledCounter
-from shared.counters import HeuristicCounter
-from shared.counting import MessageCounter, TokenCounter, per_message
-from shared.cut import Shortcut, can_decide, default_steps
+from shared.counting.calibration import CalibratedCounter, ScaledCounter
+from shared.counting.counters import HeuristicCounter
+from shared.counting.protocol import MessageCounter, TokenCounter, per_message
+from shared.cut import Ledger, Shortcut, can_decide, default_steps, grow
 from shared.errors import ConfigError, DoesNotFit, UnknownModel
+from shared.hashing import prefix_hash
 from shared.head import Head, head_of
-from shared.ledger import Ledger, grow
-from shared.llm import LLMClient
 from shared.messages import Message, ToolSpec, groups, tail_start, validate
-from shared.planning import SummaryPlan, plan_summary
 from shared.reports import does_not_fit, new_report, outcome
-from shared.serving import from_book, with_best
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -31,11 +35,23 @@ from shared.strategies import (
 )
 from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
 from shared.strategies.work import SizeMemo, measure
-from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarizers import Summarizer, as_summarizer
+from shared.summaries.book import SummaryBook, SummaryRecord
+from shared.summaries.incremental import plan_cut, summary_message
+from shared.summaries.llm import LLMClient
+from shared.summaries.summarizers import Summarizer, as_summarizer
 from shared.validation import ValidatedPrefixes
 
 State = Literal["under", "nearing", "over"]
+
+
+@dataclass(frozen=True)
+class SummaryPlan:
+    """The record a worker should write now: transcript[start:cut], folding `previous`."""
+
+    start: int
+    cut: int
+    previous: SummaryRecord | None
+    prefix_hash: str
 
 
 @dataclass
@@ -186,9 +202,18 @@ class ContextPolicy:
         transcript: Sequence[Message],
         book: SummaryBook | None,
         hashes: Sequence[str] | None = None,
+        regions: tuple[int, int] | None = None,
     ) -> tuple[list[Message], SummaryRecord | None]:
-        """The prompt [head][summary][rest] from the book's best record, and that record."""
-        return with_best(self, transcript, book, hashes)
+        """The prompt [head][summary][rest] from the book's best record within the protected
+        tail, and that record (`regions`: the transcript's `regions` when the caller has them)."""
+        head, tail = regions if regions is not None else self.regions(transcript)
+        record = None
+        if book is not None and book.records:
+            record = book.best(transcript, upto_max=tail, hashes=hashes)
+        if record is None or record.upto <= head:
+            return list(transcript), None
+        built = [*transcript[:head], summary_message(record, head), *transcript[record.upto :]]
+        return built, record
 
     # --- the two calls of the reference ---------------------------------------------------
     async def prepare(
@@ -232,8 +257,7 @@ class ContextPolicy:
             return Prepared(messages, report)
         if hashes is not None and len(hashes) != len(messages) + 1:
             raise ConfigError(f"{len(hashes)} prefix hashes for {len(messages)} messages")
-        served = from_book(
-            self,
+        served = self._served(
             messages,
             counter,
             tools=tools,
@@ -379,6 +403,48 @@ class ContextPolicy:
             estimated = self.counter.base.count(sent, tools, model)
             self.counter.observe(model, estimated, actual_prompt_tokens)
 
+    def _served(
+        self,
+        messages: list[Message],
+        counter: MessageCounter,
+        *,
+        tools: Sequence[ToolSpec],
+        model: str | None,
+        book: SummaryBook | None,
+        hashes: Sequence[str] | None,
+        sizes: SizeMemo,
+        report: dict[str, Any],
+        short: Shortcut | None = None,
+    ) -> list[Message] | None:
+        """[head][summary][rest] from the book's best record, if that is under the trigger
+        (`report` then says so); None otherwise. With the conversation's ledger (`short`) the
+        regions and the prompt's size come from its sums instead of a pass over the messages."""
+        if book is None or not book.records:
+            return None
+        regions = None
+        if short is not None:
+            head = self.head(messages).end
+            regions = (head, short.tail(head, len(messages), self.keep_recent))
+        built, record = self.with_best(messages, book, hashes, regions)
+        if record is None:
+            return None
+        if short is not None and regions is not None:
+            tokens = short.served(regions[0], built[regions[0]], record.upto, len(messages))
+        else:
+            tokens = math.ceil(measure(counter, built, tools, model, sizes) / report["pressure"])
+        if tokens > self.trigger * report["budget"]:
+            return None
+        summary = {"upto": record.upto, "prefix_hash": record.prefix_hash}
+        report.update(
+            tokens_after=tokens,
+            applied=[
+                {"strategy": "Summarize", "saved": report["tokens_before"] - tokens, **summary}
+            ],
+            summary={**summary, "summarizer": record.summarizer},
+            changed=True,
+        )
+        return built
+
     def _no_summary_due(self, book: SummaryBook | None) -> bool:
         """Whether no summary step can act (no record to install, no model to call)."""
         return (book is None or not book.records) and can_decide(self.strategies, self.summarizer)
@@ -394,13 +460,39 @@ class ContextPolicy:
         extra_tokens: int = 0,
         hashes: Sequence[str] | None = None,
     ) -> SummaryPlan | None:
-        """The record to compute now so that prepare lands under target when the trigger hits
-        (see shared/planning.py); `extra_tokens` stands for what requests add that
-        `transcript` lacks (a stored conversation's tool specs)."""
-        return plan_summary(
-            self, transcript, tools=tools, model=model, book=book, extra_tokens=extra_tokens,
-            hashes=hashes,
+        """The record to compute now so that prepare lands under target when the trigger hits.
+
+        The prompt is measured as prepare would build it from the best stored record: its
+        effective tokens. Nothing is planned while they stay under (trigger - precompute_at)
+        x budget. Then the cut is placed so that, once the conversation has grown to the
+        trigger, the tail after it is about `keep_tokens_ratio` x budget. A new record
+        therefore lands only after the tail has grown by roughly that much again: the cut
+        moves in steps, and the [head][summary] prefix stays byte-stable between them.
+
+        - transcript, tools, model, book: as for `prepare`;
+        - extra_tokens: what requests add that `transcript` lacks (a stored conversation's
+          tool specs);
+        - hashes: the transcript's `prefix_hashes`, when the caller has them.
+        """
+        budget = self.budget(model)
+        head, tail = self.regions(transcript)
+        built, record = self.with_best(transcript, book, hashes)
+        start = record.upto if record is not None else head
+        if start >= tail:  # what is left to summarize lies in the protected recent turns
+            return None
+        tokens = self.counter.count(built, tools, model) + extra_tokens
+        if self.state(tokens, model) == "under":
+            return None
+        growth = max(0, int(self.trigger * budget) - tokens)
+        keep = max(0, int(self.summarize_params.keep_tokens_ratio * budget) - growth)
+        cut = plan_cut(
+            transcript, start=start, tail_start=tail, counter=self.counter, model=model,
+            keep_tokens=keep,
         )  # fmt: skip
+        if cut <= start:
+            return None
+        cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
+        return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
 
     def summary_due(self, transcript: Sequence[Message], **plan: Any) -> bool:
         """Whether the workers could write a better record now: `plan_summary(transcript,

@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     # mid-job gives it up (and the reaper sends the job again) within this (docs/scaling.md)
     lease_ttl_s: float = 5.0
 
-    # calibration per tenant and model (shared/service/settling.py)
+    # calibration per tenant and model (shared/counting/calibration.py)
     calibration_settle_after: int = Field(default=100, ge=1)
     calibration_tolerance: float = Field(default=1.5, gt=1.0)
     calibration_retention_s: int = Field(default=30 * 24 * 3600, gt=0)

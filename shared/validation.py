@@ -16,8 +16,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from shared.countcache import private_copy
-from shared.messagekeys import message_key
+from shared.counting.cache import private_copy
+from shared.counting.messagekeys import message_key
 from shared.messages import Message, Open, validate, validate_from
 
 _T = TypeVar("_T")

@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from api.proxy.anthropic import ERROR_TYPES
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic
 from shared.formats.responses import from_responses

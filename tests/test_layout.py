@@ -12,7 +12,17 @@ import shared
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT / "shared"
-SUBPACKAGES = {"store", "providers", "service", "client", "formats", "commands", "strategies"}
+SUBPACKAGES = {
+    "client",
+    "commands",
+    "counting",
+    "formats",
+    "providers",
+    "service",
+    "store",
+    "strategies",
+    "summaries",
+}
 
 
 def modules() -> dict[str, Path]:

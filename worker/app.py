@@ -23,9 +23,9 @@ from shared.logs import configure_logging, get_logger
 from shared.service.broker import broker_kind, celery_options, consumer_timeout_note
 from shared.service.jobs import TASK_NAME
 from shared.settings import Settings, get_settings
-from worker.broker import transport_for
 from worker.runtime import Runtime
 from worker.tasks import register
+from worker.transport import transport_for
 
 # Young-generation GC threshold of a worker process (Python's default: 700 allocations).
 # Each job allocates thousands of short-lived containers (the transcript's messages, JSON,
@@ -80,7 +80,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "worker_pool": "threads",
         "worker_concurrency": settings.worker_concurrency,
         "worker_send_task_events": False,
-        "worker_consumer": "worker.broker:Consumer",  # back on the broker within a second
+        "worker_consumer": "worker.transport:Consumer",  # back on the broker within a second
         # After a reconnect with tasks running, Celery lowers the prefetch count and raises it
         # back as they finish; on RabbitMQ the worker could stay stuck at the lowered count and
         # take no task again (celery#9512, #7515; seen in bench/cluster_faults.py after F2).
@@ -89,7 +89,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": False,
     }
     transport = transport_for(settings.broker)
-    if transport is not None:  # see worker/broker.py: survives Redis restarts under load
+    if transport is not None:  # see worker/transport.py: survives Redis restarts under load
         config["broker_transport"] = transport
     return config
 

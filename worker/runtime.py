@@ -22,14 +22,14 @@ from typing import Any, TypeVar
 import structlog
 
 from shared.errors import ConfigError, StoreUnavailable
-from shared.extractive import ExtractiveSummarizer
 from shared.logs import get_logger
 from shared.providers import client_from_settings
 from shared.service.failures import Failures
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.breaker import provider_id, provider_label
-from shared.summarizers import LLMSummarizer, Summarizer
+from shared.summaries.extractive import ExtractiveSummarizer
+from shared.summaries.summarizers import LLMSummarizer, Summarizer
 from worker.reaper import Reaper
 
 T = TypeVar("T")

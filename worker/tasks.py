@@ -27,7 +27,7 @@ from shared.errors import ConfigError, PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.service.failures import Decision, error_text
 from shared.service.jobs import TASK_NAME, SummaryJob
-from shared.service.precompute import Outcome, Progress, run_job
+from shared.service.precompute import JobOutcome, Progress, run_job
 from shared.store import Ticket
 from worker.runtime import Runtime
 
@@ -93,7 +93,7 @@ def handle(task: Any, runtime: Runtime, kwargs: dict[str, Any]) -> dict[str, Any
     return outcome.to_dict()
 
 
-def _run(runtime: Runtime, job: SummaryJob, ticket: Ticket, progress: Progress) -> Outcome:
+def _run(runtime: Runtime, job: SummaryJob, ticket: Ticket, progress: Progress) -> JobOutcome:
     return runtime.run(
         run_job(
             job,
@@ -190,12 +190,12 @@ def _leave(runtime: Runtime, ticket: Ticket) -> None:
         log.warning("summary.inflight_unavailable", task_id=ticket.task_id)
 
 
-def _finished(job: SummaryJob, outcome: Outcome, attempt: int, started: float) -> None:
+def _finished(job: SummaryJob, outcome: JobOutcome, attempt: int, started: float) -> None:
     ms = round((time.perf_counter() - started) * 1000, 1)
     log.info("summary.task_finished", attempt=attempt, ms=ms, **outcome.to_dict(), **_ids(job))
 
 
-def _own(outcome: Outcome, task_id: str | None) -> bool:
+def _own(outcome: JobOutcome, task_id: str | None) -> bool:
     holder = outcome.holder or ""
     return task_id is not None and holder.split("/", 1)[0] == task_id
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from api.deps import Services
-from api.enqueue import Claim
-from api.logging import RequestLog
-from api.policies import Window, make_policy
+from api.enqueue import Reservation
+from api.policies import Window
 from api.prepare import Preparer
 from api.proxy.reserve import LoweredReply, lowered_reply, requested_output, usable
 from api.proxy.transcripts import Opened, open_conversation, sync
+from api.requestlog import RequestLog
 from shared.errors import DoesNotFit, PrefitError, StoreUnavailable
 from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
@@ -76,7 +76,7 @@ class Fitter:
     opened: Opened | None = None  # what the store holds, once read
     degraded: bool = False  # Redis was unreachable: cheap strategies only
     preambles: frozenset[str] = frozenset()  # the tenant's learned ones (store/openings.py)
-    claims: list[Claim] = field(default_factory=list)  # summary jobs to send after the sync
+    claims: list[Reservation] = field(default_factory=list)  # summary jobs to send after the sync
 
     async def first(self) -> Fit:
         """The fit at pressure 1.
@@ -220,7 +220,10 @@ class Fitter:
     async def _cheap(self, pressure: float) -> Fit:
         """The fit without Redis: cheap strategies, the last ratio seen for the model."""
         counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
-        policy = make_policy(self.svc.settings, self.window, counter).heading(self.preambles)
+        window = self.window
+        policy = service_policy(
+            self.svc.settings, window.max_input_tokens, window.reserve_output, counter
+        ).heading(self.preambles)
         prepared = await policy.prepare(
             self.messages, tools=self.tools, model=self.window.model, pressure=pressure
         )

@@ -21,7 +21,6 @@ from fastapi import BackgroundTasks, Response
 from fastapi.responses import StreamingResponse
 
 from api.deps import Services
-from api.logging import RequestLog
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
 from api.proxy.caller import Caller
@@ -33,6 +32,7 @@ from api.proxy.identity import conversation_ids, resolved
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough
+from api.requestlog import RequestLog
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
 from shared.messages import Message

@@ -20,7 +20,6 @@ from starlette.routing import Match
 
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
-from api.logging import request_log
 from api.proxy.anthropic import CONVERSIONS, AnthropicDialect
 from api.proxy.caller import identify
 from api.proxy.codec import ResentBodies
@@ -30,6 +29,7 @@ from api.proxy.openai import OpenAIDialect
 from api.proxy.passthrough import forward, gemini, not_served, unknown_route
 from api.proxy.relay import Relay
 from api.proxy.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
+from api.requestlog import request_log
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
 OPENAI_DIALECT = OpenAIDialect()

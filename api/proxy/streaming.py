@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import anyio
 import httpx
 
-from api.logging import RequestLog
+from api.requestlog import RequestLog
 from shared.logs import get_logger
 
 log = get_logger(__name__)

@@ -24,7 +24,7 @@ from api.prepare import Preparer
 from shared.errors import NotFound
 from shared.hashing import canonical, extend_chain, prefix_hashes
 from shared.messages import Message, ToolSpec
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 
 @dataclass(frozen=True)

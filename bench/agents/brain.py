@@ -53,7 +53,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from shared.encodings import load_encoding
+from shared.counting.encodings import load_encoding
 
 MARKER = re.compile(r"TASK-MARKER-([0-9a-z]+)")
 TURN = re.compile(r"AGENTRUN sid=([0-9a-z]+) turn=(\d+)")

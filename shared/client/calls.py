@@ -172,7 +172,7 @@ def _conv_path(conv_id: str) -> str:
     return f"/v1/conversations/{quote(conv_id, safe='')}"
 
 
-def _finite(pressure: float) -> float:
+def _pressure_sent(pressure: float) -> float:
     """`pressure` as sent: NaN and infinities are not JSON, so say so before sending."""
     if isinstance(pressure, int | float) and not math.isfinite(pressure):
         raise InvalidRequest(f"pressure must be a finite number in (0, 1], got {pressure}")
@@ -249,7 +249,7 @@ def prepare_call(
     max_input_tokens: int | None,
     format: str,
 ) -> Call[PreparedPrompt]:
-    body: dict[str, Any] = {"model": model, "pressure": _finite(pressure)}
+    body: dict[str, Any] = {"model": model, "pressure": _pressure_sent(pressure)}
     if wait_ms is not None:  # else the service's PREFIT_DEFAULT_WAIT_MS applies
         body["wait_ms"] = wait_ms
     if tools:
@@ -273,7 +273,7 @@ def prepare_messages_call(
     system: Any,
 ) -> Call[PreparedPrompt]:
     body = _transcript_body(messages, model, max_input_tokens, tools, format, system)
-    body["pressure"] = _finite(pressure)
+    body["pressure"] = _pressure_sent(pressure)
     return Call("POST", "/v1/prepare", body, PreparedPrompt.from_json, True)
 
 

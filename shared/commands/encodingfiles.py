@@ -24,7 +24,7 @@ from typing import Literal
 
 from tiktoken.load import read_file_cached
 
-from shared.encodings import SPECS, EncodingSpec, encoding_file, load_encoding
+from shared.counting.encodings import SPECS, EncodingSpec, encoding_file, load_encoding
 from shared.errors import ConfigError
 from shared.logs import get_logger
 

@@ -9,16 +9,17 @@ from collections import Counter
 from pathlib import Path
 
 from shared.commands.demo import load_conversation
-from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.errors import ConfigError, PrefitError
-from shared.extractive import ExtractiveSummarizer
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.settings import Settings
 from shared.strategies import Work
 from shared.strategies.clear import PLACEHOLDER
 from shared.strategies.lastresort import shed_kept, shorten_protected
-from shared.summaries import SummaryBook
+from shared.summaries.book import SummaryBook
+from shared.summaries.extractive import ExtractiveSummarizer
 
 STYLE = {  # fate: (cell, ANSI colour)
     "head": ("█", "1;37"),

@@ -1,7 +1,7 @@
 """Summarizer providers over HTTP, and the factory that builds the configured one.
 
 Usage: `client = client_from_settings(settings)` gives None when no provider is configured
-(use `shared.extractive.ExtractiveSummarizer` then); otherwise
+(use `shared.summaries.extractive.ExtractiveSummarizer` then); otherwise
 `await client.complete(messages, model=None, max_tokens=1200)` (None: the configured
 model) and `await client.aclose()` at shutdown. Errors: `LLMError` (not worth retrying),
 `RetryableLLMError` (retry later, after `retry_after` seconds when the provider said so),

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 import httpx
 
 from shared.errors import ConfigError, ContextLengthExceeded, LLMError, RetryableLLMError
-from shared.llm import Completion
 from shared.messages import Message
 from shared.providers.pool import ShardedPool
 from shared.providers.pricing import PriceLike, PriceTable
 from shared.providers.retry import RetryPolicy, Sleep, is_retryable_status, send_with_retry
+from shared.summaries.llm import Completion
 
 _IDENT = re.compile(r"^[\w.\-]{1,64}$")
 _HINTS = {

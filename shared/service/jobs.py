@@ -12,7 +12,6 @@ from typing import Any
 from shared.errors import ConfigError
 
 TASK_NAME = "prefit.summarize"
-QUEUE = "summaries"
 # Ranks, 0 served first: `shared.service.broker.priority` turns them into the broker's priorities
 # (the same numbers on Redis, which pops the lowest first; reversed on RabbitMQ)
 PRIORITY_STALE = 0  # prepare found it due and not ready: someone may be waiting

@@ -1,4 +1,4 @@
-"""What a summary job did (`Outcome`), and how far it got while it ran (`Progress`)."""
+"""What a summary job did (`JobOutcome`), and how far it got while it ran (`Progress`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ FINAL: frozenset[Status] = frozenset({"not_due", "stale_job", "blocked", "breake
 
 
 @dataclass(frozen=True)
-class Outcome:
+class JobOutcome:
     """What a job did. `status` is the last round's, upgraded by any record written before.
 
     - written: this job wrote a record (`upto`, `prefix_hash` name the last one);

@@ -22,23 +22,22 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from shared.calibration import NO_MODEL, CalibratedCounter
-from shared.counters import HeuristicCounter
-from shared.counting import MessageCounter
+from shared.counting.calibration import NO_MODEL, CalibratedCounter
+from shared.counting.counters import HeuristicCounter
+from shared.counting.protocol import MessageCounter
 from shared.errors import LeaseLost, StoreUnavailable
 from shared.logs import get_logger
-from shared.planning import SummaryPlan
-from shared.policy import ContextPolicy
+from shared.policy import ContextPolicy, SummaryPlan
 from shared.service.jobs import SummaryJob
-from shared.service.outcomes import FINAL, Outcome, Progress, Status
+from shared.service.outcomes import FINAL, JobOutcome, Progress, Status
 from shared.service.windows import service_policy
 from shared.settings import Settings
 from shared.store import BreakerState, Claim, HeldLease, Range, Store, Ticket
 from shared.store.blocks import origin
 from shared.store.breaker import CLOSED
 from shared.store.conversations import Conversation, ConversationMeta
-from shared.summarize import Built, build_record
-from shared.summarizers import Summarizer
+from shared.summaries.incremental import Built, build_record
+from shared.summaries.summarizers import Summarizer
 
 # Rounds of (plan, lease, write) per job: a conversation growing while its summary is made
 # gets the next record from the same job, but a job never loops for ever on a busy stream.
@@ -49,7 +48,7 @@ _BASE_COUNTER = HeuristicCounter()
 
 log = get_logger(__name__)
 
-__all__ = ["Outcome", "Progress", "counter_for", "policy_for", "run_job"]
+__all__ = ["JobOutcome", "Progress", "counter_for", "policy_for", "run_job"]
 
 
 def counter_for(store: Store, tenant: str, model: str | None) -> MessageCounter:
@@ -74,8 +73,8 @@ async def run_job(
     ticket: Ticket | None = None,
     provider: str | None = None,
     progress: Progress | None = None,
-) -> Outcome:
-    """Write the summary records `job`'s conversation needs now, if any (see `Outcome`).
+) -> JobOutcome:
+    """Write the summary records `job`'s conversation needs now, if any (see `JobOutcome`).
 
     `ticket`: the job's in-flight entry, registered with each lease and removed with its
     release (`shared.store.inflight`); `provider`: the summarizer's breaker id (None: no
@@ -110,13 +109,13 @@ class _Runner:
         self.settings, self.owner, self.ctx = settings, owner, ctx
         self.counter = counter
         self.policy: ContextPolicy | None = None  # built on first use: a busy job needs none
-        self.total = Outcome("not_due")
+        self.total = JobOutcome("not_due")
         self.ticket: Ticket | None = None
         self.provider: str | None = None
         self.breaker = CLOSED  # the summarizer's breaker as the last claim found it
         self.progress = Progress()
 
-    async def run(self) -> Outcome:
+    async def run(self) -> JobOutcome:
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         for round_ in range(MAX_ROUNDS):
             # the lease and, if taken, everything the round plans on: one round trip
@@ -160,7 +159,7 @@ class _Runner:
         )
         return status
 
-    def _busy(self, holder: str | None) -> Outcome:
+    def _busy(self, holder: str | None) -> JobOutcome:
         log.debug("summary.busy", **self.ctx, holder=holder)
         status: Status = "busy" if self.total.records == 0 else self.total.status
         return replace(self.total, status=status, holder=holder)

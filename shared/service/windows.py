@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.counters import TokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.policy import ContextPolicy
 from shared.settings import Settings
 

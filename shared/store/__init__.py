@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import redis
 
+from shared.counting.calibration import SettlingRule
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
-from shared.service.settling import SettlingRule
 from shared.settings import Settings
 from shared.store.blocks import Blocks, Range
 from shared.store.breaker import Breakers, BreakerState

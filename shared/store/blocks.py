@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from shared.store import keys
 from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 # KEYS: attempts, blocked, block count. ARGV: origin, upto, prefix hash, error, limit,
 # permanent (0/1), base ms, max ms. -> {attempts (-1: blocked already), block ms (0: none)}.

@@ -2,21 +2,21 @@
 
 A ratio (provider's prompt tokens / our estimate) is kept per tenant: observations come from
 a tenant's own clients, so what one tenant reports never changes how another tenant's
-prompts are counted. Updates follow the service's `SettlingRule` (shared/service/settling.py) in one
-Lua call: an implausible observation is refused and changes nothing. A ratio key expires
-`retention_s` after its last accepted observation (then the model counts at 1.0 again).
+prompts are counted. Updates follow the service's `SettlingRule`
+(shared/counting/calibration.py) in one Lua call: an implausible observation is refused and
+changes nothing. A ratio key expires `retention_s` after its last accepted observation (then
+the model counts at 1.0 again).
 
-`of(tenant)` is the tenant's `RatioStore` (shared/calibration.py), for a `CalibratedCounter`.
+`of(tenant)` is the tenant's `RatioStore` (shared/counting/calibration.py), for a
+`CalibratedCounter`.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from shared.calibration import RatioStore
+from shared.counting.calibration import RatioStore, SettlingRule, finite
 from shared.errors import ImplausibleObservation
-from shared.service.settling import SettlingRule
 from shared.store import keys
 from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 
@@ -77,7 +77,7 @@ class RedisRatios:
     def observe(self, tenant: str, model: str | None, observed: float) -> float:
         """Fold one observed ratio in by the rule and return the new ratio; an implausible
         one raises `ImplausibleObservation` and changes nothing."""
-        if not _finite(observed) or observed <= 0:
+        if not finite(observed) or observed <= 0:
             raise ImplausibleObservation(f"observed ratio {observed!r} is not a positive number")
         rule = self.rule
         low, high = rule.bounds
@@ -103,7 +103,7 @@ class RedisRatios:
 class TenantRatios:
     """One tenant's ratios as a `RatioStore`. `update` applies the service's `SettlingRule`:
     the `smoothing` and `bounds` a `CalibratedCounter` passes are not used, since a tenant's
-    ratio settles instead (shared/service/settling.py)."""
+    ratio settles instead (shared/counting/calibration.py)."""
 
     ratios: RedisRatios
     tenant: str
@@ -118,7 +118,3 @@ class TenantRatios:
 
 
 _: type[RatioStore] = TenantRatios  # the protocol is met
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -33,17 +33,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.errors import NotFound, StoreUnavailable
+from shared.hashing import EMPTY
 from shared.logs import get_logger
 from shared.store import keys
 from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
-from shared.store.chain import EMPTY
 from shared.store.client import Client, eval_in, guarded, guarded_once, text, ttl_ms
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
 from shared.store.records import PUT, RecordStore, put_args, put_result
 from shared.store.usage import ADD, usage_args
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 
 log = get_logger(__name__)
 

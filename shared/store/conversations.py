@@ -29,10 +29,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from shared.errors import NotFound
-from shared.hashing import prefix_hashes
+from shared.hashing import EMPTY, prefix_hashes
 from shared.messages import Message
 from shared.store import keys, scripts
-from shared.store.chain import EMPTY
 from shared.store.client import Client, guarded, guarded_read, text
 from shared.store.directory import Directory
 from shared.store.writes import Append, Replacement, Writes, conv_keys

@@ -32,7 +32,7 @@ from shared.errors import StoreUnavailable
 from shared.logs import get_logger
 from shared.store import keys
 from shared.store.client import Client, guarded, guarded_read, ttl_ms
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 log = get_logger(__name__)
 

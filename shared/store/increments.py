@@ -26,11 +26,11 @@ import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
+from shared.hashing import EMPTY
 from shared.store import keys
-from shared.store.chain import EMPTY
 from shared.store.client import Client, guarded_read, guarded_read_async, text
 from shared.store.records import BEST
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 # KEYS: meta, messages, hashes, record index. ARGV: start, the empty chain's hash, the
 # caller's prefix hash at start, record prefix. Returns exists, length, the stored hash at

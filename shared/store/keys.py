@@ -43,7 +43,6 @@ _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _PREFIX_HASH = re.compile(r"v[0-9]+:[0-9a-f]{32}")
 MAX_TENANT_CHARS = 64
 MAX_ID_CHARS = 128
-MAX_MODEL_CHARS = 256
 _MODEL = re.compile(r"[A-Za-z0-9._/-]{1,128}")
 DIGEST_MARK = "~"  # outside the plain-name alphabet: a digest never equals a plain name
 

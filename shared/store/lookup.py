@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from shared.store import keys
 from shared.store.client import Client, guarded_read
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 
 class RecordLookup:

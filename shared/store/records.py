@@ -20,7 +20,7 @@ from shared.errors import ConfigError, NotFound, StoreUnavailable
 from shared.store import keys
 from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 from shared.store.directory import Directory
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 
 # KEYS: meta, index, record. ARGV: json, upto, ttl ms, only-if-absent ('1'/'0'), prefix hash.
 # {-1} when the conversation does not exist (e.g. deleted meanwhile); {1} when this call wrote

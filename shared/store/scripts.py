@@ -57,7 +57,7 @@ end
 """
 
 # Metadata of every write: timestamps, model ('' keeps it) and `bound` ('1': the next append
-# must be checked against the exact tip, see shared/store/appends.py).
+# must be checked against the exact tip, see shared/store/writes.py).
 META = """
 local function set_meta(now, model, bound)
   redis.call('HSETNX', KEYS[3], 'created_at', now)

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from shared.hashing import EMPTY
 from shared.messages import Message
 from shared.store import keys
-from shared.store.chain import EMPTY
 from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 
 # KEYS: tally, info, messages, hashes. ARGV: ttl ms, counter id, hash, head end, n, then n

@@ -36,7 +36,7 @@ from shared.messages import Message
 from shared.store import keys, scripts
 from shared.store.client import Client, guarded, text, ttl_ms
 from shared.store.directory import Directory
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from shared.messagekeys import message_key
+from shared.counting.messagekeys import message_key
 from shared.messages import Message
 
 SYNTHETIC = -1  # a message prefit wrote (a summary, a drop marker)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from shared.errors import ConfigError
-from shared.llm import LLMClient, SummarizeFn
 from shared.logs import get_logger
 from shared.messages import Message
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.work import Work
-from shared.summaries import SummaryRecord
-from shared.summarize import build_record, plan_cut, summary_message
-from shared.summarizers import FnSummarizer, LLMSummarizer, Summarizer
+from shared.summaries.book import SummaryRecord
+from shared.summaries.incremental import build_record, plan_cut, summary_message
+from shared.summaries.llm import LLMClient, SummarizeFn
+from shared.summaries.summarizers import FnSummarizer, LLMSummarizer, Summarizer
 
 log = get_logger(__name__)
 

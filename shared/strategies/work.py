@@ -7,15 +7,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from shared.calibration import ScaledCounter, scale
-from shared.counters import CachedCounter
-from shared.counting import MessageCounter
+from shared.counting.calibration import ScaledCounter, scale
+from shared.counting.counters import CachedCounter
+from shared.counting.protocol import MessageCounter
 from shared.hashing import prefix_hashes
 from shared.head import Head
 from shared.messages import Message, ToolSpec
 from shared.strategies.origins import recover
-from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarizers import Summarizer
+from shared.summaries.book import SummaryBook, SummaryRecord
+from shared.summaries.summarizers import Summarizer
 
 
 class SizeMemo:

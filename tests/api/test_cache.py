@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from api.cache import ConversationCache, snapshot_regions
-from api.calibration import CachedRatios
+from api.ratios import CachedRatios
 from shared.errors import NotFound, StoreUnavailable
 from shared.policy import ContextPolicy
 from shared.store import Store

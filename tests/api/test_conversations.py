@@ -8,13 +8,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.deps import counter_id
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.hashing import prefix_hash
 from shared.policy import ContextPolicy
 from shared.service.jobs import PRIORITY_AHEAD
 from shared.store import Store, keys
 from shared.store.tally import Tally
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.api.conftest import RESERVE, WINDOW, Recorder
 from tests.api.helpers import assistant, body, call, chat, conv_id, result, user
 from tests.conftest import load_transcript, needs_transcripts, transcript_files

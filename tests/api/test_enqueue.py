@@ -17,7 +17,7 @@ from shared.service.broker import connection_name
 from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.settings import Settings
 from shared.store import Range, Store, keys
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.api.conftest import Recorder
 from tests.brokerbackend import drop_connections, needs_rabbitmqctl, new_queue
 from worker.app import make_app

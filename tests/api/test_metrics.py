@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.logging import RequestLog
 from api.metrics import Metrics
+from api.requestlog import RequestLog
 
 CHAT = "/v1/chat/completions"
 PREPARE = "/v1/conversations/{conversation_id}/prepare"

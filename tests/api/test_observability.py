@@ -13,7 +13,7 @@ from api.app import create_app
 from api.conversations import Conversations
 from shared.hashing import prefix_hash
 from shared.store import Store
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.api.conftest import Recorder, key_of, make_settings
 from tests.api.helpers import body, chat, conv_id, user
 

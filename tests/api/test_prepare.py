@@ -8,17 +8,18 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from api.policies import make_policy, resolve_window
-from shared.counters import HeuristicCounter
+from api.policies import resolve_window
+from shared.counting.counters import HeuristicCounter
 from shared.formats import from_anthropic
 from shared.hashing import prefix_hash
 from shared.messages import validate
 from shared.service.jobs import PRIORITY_STALE, SummaryJob
+from shared.service.windows import service_policy
 from shared.settings import Settings
 from shared.store import Store
 from shared.strategies import Summarize
-from shared.summaries import SummaryRecord
-from shared.summarize import summary_message
+from shared.summaries.book import SummaryRecord
+from shared.summaries.incremental import summary_message
 from tests.api.conftest import Recorder
 from tests.api.helpers import body, call, chat, conv_id, result, user
 from tests.shared import preambles
@@ -252,7 +253,10 @@ def test_a_record_reaching_into_the_recent_tail_is_not_used(
 
 def test_the_api_policy_never_holds_a_summarizer(settings: Settings, model: str) -> None:
     """The policy prepare runs with has no summarizer anywhere: it cannot call an LLM."""
-    policy = make_policy(settings, resolve_window(settings, model, None), HeuristicCounter())
+    window = resolve_window(settings, model, None)
+    policy = service_policy(
+        settings, window.max_input_tokens, window.reserve_output, HeuristicCounter()
+    )
     assert policy.summarizer is None
     summarizers = [s for s in policy.strategies if isinstance(s, Summarize)]
     assert summarizers and all(s._own is None for s in summarizers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.views import context_start, tail_start
+from api.views import context_start, known_tail_start
 from shared.head import head_end
 from shared.policy import ContextPolicy
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
@@ -23,11 +23,11 @@ def test_tail_start_from_any_window_matches_policy_regions(keep_recent: int) -> 
             head, tail = policy.regions(prefix)
             assert head == head_end(prefix)
             for offset in range(0, n, 5):
-                found = tail_start(prefix[offset:], offset, head, keep_recent)
+                found = known_tail_start(prefix[offset:], offset, head, keep_recent)
                 if found is not None:
                     assert found == tail, (path.name, n, offset)
                     checked += 1
-            assert tail_start(prefix, 0, head, keep_recent) == tail
+            assert known_tail_start(prefix, 0, head, keep_recent) == tail
     assert checked > 100
 
 

@@ -14,11 +14,11 @@ from fastapi.testclient import TestClient
 from api.conversations import Conversations
 from api.deps import Services, counter_id
 from api.policies import resolve_window
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.hashing import prefix_hash, prefix_hashes
 from shared.messages import validate
 from shared.store import Store, keys
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.api.conftest import key_of
 from tests.api.helpers import assistant, body, call, chat, conv_id, result, user
 from tests.api.server import serve

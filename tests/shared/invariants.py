@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from shared.counting import TokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.errors import DoesNotFit
 from shared.messages import Message, groups, validate
 from shared.policy import ContextPolicy, Prepared

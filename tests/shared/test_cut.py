@@ -11,15 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.calibration import CalibratedCounter
-from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.counting.calibration import CalibratedCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.cut import default_steps
 from shared.errors import DoesNotFit
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy, Prepared
 from shared.strategies import ClearToolResults, DropOldest, Summarize, TruncateToolResults
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, long_session, needs_transcripts, transcript_files
 from tests.shared.generated import transcripts
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from shared.counters import HeuristicCounter
-from shared.extractive import ExtractiveSummarizer
+from shared.counting.counters import HeuristicCounter
 from shared.head import GAP_MAX_CHARS, head_of, message_key, opening
 from shared.messages import Message
 from shared.policy import ContextPolicy
 from shared.strategies.drop import marker_counts
+from shared.summaries.extractive import ExtractiveSummarizer
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared import aider, preambles
 from tests.shared.generated import tool_call

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.calibration import CalibratedCounter, ScaledCounter
-from shared.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.calibration import CalibratedCounter, ScaledCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
 from shared.errors import (
     ConfigError,
     DoesNotFit,
@@ -21,12 +21,12 @@ from shared.errors import (
     UnknownModel,
 )
 from shared.hashing import prefix_hashes
-from shared.llm import Completion
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy
 from shared.strategies import DropOldest, Summarize
 from shared.strategies.drop import drop_marker
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
+from shared.summaries.llm import Completion
 from tests.shared.generated import transcripts
 from tests.shared.invariants import assert_uncuttable, check
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from shared.counters import HeuristicCounter, TiktokenCounter, TokenCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.errors import DoesNotFit
 from shared.hashing import prefix_hashes
 from shared.messages import Message, ToolSpec, groups
 from shared.policy import ContextPolicy
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared.invariants import assert_justified, check
 

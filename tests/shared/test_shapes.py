@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from shared.calibration import CalibratedCounter
-from shared.counters import HeuristicCounter, TiktokenCounter
-from shared.counting import TokenCounter
+from shared.counting.calibration import CalibratedCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import TokenCounter
 from shared.errors import DoesNotFit
 from shared.hashing import prefix_hashes
 from shared.messages import Message, ToolSpec, groups
 from shared.policy import ContextPolicy, Prepared
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.shared import shapes
 from tests.shared.invariants import assert_justified, check
 from tests.shared.test_cut import run_or_refusal, same, twins

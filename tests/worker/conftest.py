@@ -10,7 +10,7 @@ import pytest
 
 from shared.settings import Settings
 from shared.store import Store
-from shared.summarizers import Summarizer
+from shared.summaries.summarizers import Summarizer
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import model_name
 from worker.app import make_app

@@ -22,7 +22,7 @@ from shared.service.jobs import PRIORITY_AHEAD, TASK_NAME, SummaryJob
 from shared.service.precompute import counter_for, policy_for
 from shared.settings import Settings
 from shared.store import Store
-from shared.summarizers import render
+from shared.summaries.summarizers import render
 from tests.brokerbackend import broker_for_tests, new_queue
 from tests.fakellm import Call, FakeLLM
 

@@ -12,7 +12,7 @@ import pytest
 from shared.service.broker import broker_kind
 from shared.settings import Settings
 from shared.store import Store
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import (
     chat,

@@ -11,13 +11,13 @@ import structlog
 
 from shared.errors import LeaseLost
 from shared.head import head_end
-from shared.llm import Completion
 from shared.messages import Message
 from shared.service import precompute
-from shared.service.precompute import Outcome, run_job
+from shared.service.precompute import JobOutcome, run_job
 from shared.settings import Settings
 from shared.store import Store, keys
-from shared.summarizers import Summarizer
+from shared.summaries.llm import Completion
+from shared.summaries.summarizers import Summarizer
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import (
     assert_disjoint,
@@ -37,10 +37,10 @@ def run_once(
     *,
     summarizer: Summarizer | None = None,
     owner: str = "task-1/abc",
-) -> Outcome:
+) -> JobOutcome:
     """Run one job on a fresh event loop, closing the summarizer's HTTP client after."""
 
-    async def go() -> Outcome:
+    async def go() -> JobOutcome:
         s = summarizer if summarizer is not None else make_summarizer(settings)
         try:
             return await run_job(job, store=store, summarizer=s, settings=settings, owner=owner)

@@ -10,13 +10,13 @@ import pytest
 import redis
 from kombu.connection import Connection
 
-from shared.llm import Completion
 from shared.messages import Message
 from shared.service.broker import broker_kind
 from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME
 from shared.settings import Settings
 from shared.store import Store
-from shared.summarizers import build_prompt
+from shared.summaries.llm import Completion
+from shared.summaries.summarizers import build_prompt
 from tests.fakellm import Failure, FakeLLM
 from tests.worker.helpers import (
     assert_disjoint,

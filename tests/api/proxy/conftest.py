@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from api.app import create_app
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.messages import Message, ToolSpec, validate
 from shared.settings import Settings
 from shared.store import Store

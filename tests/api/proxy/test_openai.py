@@ -10,12 +10,12 @@ import httpx
 import openai
 import pytest
 
-from shared.counters import HeuristicCounter
-from shared.extractive import ExtractiveSummarizer
+from shared.counting.counters import HeuristicCounter
 from shared.messages import Message, validate
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
-from shared.summarize import summary_message
+from shared.summaries.extractive import ExtractiveSummarizer
+from shared.summaries.incremental import summary_message
 from tests.api.conftest import RESERVE, WINDOW
 from tests.api.helpers import assistant, call, chat, result, user
 from tests.api.proxy.conftest import TASK, TOOLS, Proxy, agent_session, sent_fits, wait_for

@@ -11,7 +11,7 @@ import pytest
 
 from api.policies import Window
 from api.proxy.reserve import LoweredReply, lowered_reply, reply_floor, with_reply_room
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.formats import from_anthropic, to_anthropic
 from shared.messages import Message
 from shared.settings import ModelWindow

@@ -17,9 +17,9 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from api.app import create_app
-from shared.extractive import ExtractiveSummarizer
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
+from shared.summaries.extractive import ExtractiveSummarizer
 from tests.api.conftest import RESERVE, WINDOW, Recorder, key_of
 from tests.api.proxy.conftest import TASK, Proxy, proxy_settings, wait_for
 from tests.api.server import serve

@@ -18,7 +18,7 @@ import tiktoken.load
 
 from shared.commands import cli
 from shared.commands.encodingfiles import install_encodings
-from shared.encodings import SPECS, load_encoding
+from shared.counting.encodings import SPECS, load_encoding
 from shared.errors import ConfigError
 from shared.settings import Settings
 

@@ -10,7 +10,7 @@ import pytest
 
 from shared.commands import inspect as inspect_module
 from shared.commands.inspect import fates, main
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.errors import ConfigError
 from shared.policy import ContextPolicy
 from tests.conftest import needs_transcripts

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from shared.llm import Completion
 from shared.messages import Message
 from shared.providers import ProviderClient, http_timeout
+from shared.summaries.llm import Completion
 
 MESSAGES: list[Message] = [
     {"role": "system", "content": "You summarize conversations."},

@@ -8,9 +8,9 @@ from typing import Literal
 import pytest
 from pydantic import SecretStr
 
-from shared.llm import Completion
 from shared.providers import AnthropicClient, OpenAIClient, ProviderClient, client_from_settings
 from shared.settings import Price, Settings
+from shared.summaries.llm import Completion
 from tests.fakellm import FakeLLM
 from tests.shared.providers.helpers import SleepRecorder
 

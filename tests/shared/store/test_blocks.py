@@ -7,7 +7,7 @@ import time
 from shared.hashing import prefix_hashes
 from shared.store import Blocks, Range, Store
 from shared.store.blocks import origin
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.shared.store.helpers import chat, run_threads
 
 RANGE = Range("none", 21, "v1:" + "a" * 32)

@@ -7,10 +7,9 @@ import uuid
 
 import pytest
 
-from shared.calibration import CalibratedCounter
-from shared.counters import HeuristicCounter
+from shared.counting.calibration import CalibratedCounter, SettlingRule
+from shared.counting.counters import HeuristicCounter
 from shared.errors import ImplausibleObservation
-from shared.service.settling import SettlingRule
 from shared.store import Calibration, Store, keys
 from shared.store.calibration import RedisRatios
 from tests.redisbackend import store_client

@@ -7,8 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.errors import ConfigError
-from shared.hashing import prefix_hashes
-from shared.store.chain import EMPTY, extend_chain
+from shared.hashing import EMPTY, extend_chain, prefix_hashes
 
 texts = st.lists(st.text(max_size=20), max_size=12)
 

@@ -9,7 +9,7 @@ import pytest
 from shared.errors import NotFound
 from shared.hashing import prefix_hashes
 from shared.store import Store, keys
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.shared.store.helpers import chat
 
 

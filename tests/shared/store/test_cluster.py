@@ -18,7 +18,7 @@ from shared.settings import Settings
 from shared.store import Store, keys
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.store.writes import Append
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.shared.store.helpers import chat, tenant_keys
 
 CLUSTER = Settings(redis_cluster=True, broker_url="redis://127.0.0.1:1/0", retention_s=3600)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from shared.hashing import canonical, prefix_hashes
+from shared.hashing import EMPTY, canonical, prefix_hashes
 from shared.store import Store
-from shared.store.chain import EMPTY
 from shared.store.increments import AsyncIncrements, Increment, Increments
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.redisbackend import async_store_client
 from tests.shared.store.helpers import chat
 

@@ -8,7 +8,7 @@ import pytest
 from shared.errors import ConfigError, NotFound
 from shared.hashing import prefix_hashes
 from shared.store import Store, keys
-from shared.summaries import SummaryBook, SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.shared.store.helpers import chat, run_threads, tenant_keys
 
 

@@ -44,7 +44,7 @@ from shared.store.increments import SINCE, Increments
 from shared.store.lookup import RecordLookup
 from shared.store.tally import Tally
 from shared.store.writes import Append, Replacement
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.redisbackend import require_redis_server
 from tests.shared.store.helpers import chat, tenant_keys
 

@@ -12,7 +12,7 @@ from shared.commands.redisproc import RedisProcess, free_port
 from shared.errors import NotFound, StoreUnavailable
 from shared.settings import Settings
 from shared.store import Store
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.redisbackend import needs_redis_server, require_redis_server
 from tests.shared.store.helpers import chat
 

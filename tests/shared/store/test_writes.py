@@ -10,7 +10,7 @@ from shared.errors import LengthMismatch
 from shared.hashing import EMPTY, prefix_hash, prefix_hashes
 from shared.store import Store, keys
 from shared.store.writes import Append, Replacement
-from shared.summaries import SummaryRecord
+from shared.summaries.book import SummaryRecord
 from tests.shared.store.helpers import chat, run_threads, tenant_keys
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.errors import DoesNotFit
 from shared.messages import Message
 from shared.policy import ContextPolicy

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.errors import ConfigError
 from shared.messages import Message
 from shared.policy import ContextPolicy

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.errors import ConfigError
-from shared.extractive import EMPTY, ExtractiveSummarizer
 from shared.head import head_end
 from shared.messages import Message
+from shared.summaries.extractive import EMPTY, ExtractiveSummarizer
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared import aider
 

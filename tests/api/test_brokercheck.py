@@ -8,7 +8,7 @@ import time
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from api.broker import AmqpBroker, RedisBroker, broker_check
+from api.brokercheck import AmqpBroker, RedisBroker, broker_check
 from api.enqueue import CeleryEnqueue
 from shared.commands.redisproc import free_port
 from shared.service.broker import connection_name

@@ -3,10 +3,10 @@
 Every request counts with one ratio read for it (`ScaledCounter`): the tenant's ratio of the
 request's model. Reading Redis for it on every request would add a round trip to each
 prepare, so reads are cached for `ttl` seconds per (tenant, model) (a ratio moves slowly: it
-settles over many observations). Observations go straight to Redis, where the service's
-rule accepts or refuses them (shared/service/settling.py). When Redis is down a stateless prepare
-may fall back on the last ratio seen (`last_known`) and say it is degraded; nothing else ever
-counts with a guess.
+settles over many observations). Observations go straight to Redis, where the service's rule
+accepts or refuses them (shared/counting/calibration.py). When Redis is down a stateless
+prepare may fall back on the last ratio seen (`last_known`) and say it is degraded; nothing
+else ever counts with a guess.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
-from shared.calibration import NO_MODEL
+from shared.counting.calibration import NO_MODEL
 
 TTL_S = 1.0
 MAX_ENTRIES = 4096

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.countcache import CountCache, RecentTranscript, missing
+from shared.counting.cache import CountCache, RecentTranscript, missing
+from shared.counting.messagekeys import KeyFields, checked_key, fields, message_key
 from shared.errors import ConfigError, InvalidTranscript
-from shared.messagekeys import KeyFields, checked_key, fields, message_key
 
 CALL: dict[str, Any] = {
     "id": "c1",

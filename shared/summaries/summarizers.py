@@ -1,12 +1,12 @@
 """Summarizers: what folds a range of messages into the previous summary.
 
-`LLMSummarizer` asks a provider; `FnSummarizer` wraps the reference's `summarize=` hook;
-the offline `ExtractiveSummarizer` lives in `shared.extractive`. All share the prompt below,
-which keeps what an agent needs to go on (task, decisions, files, open items) and folds the
-previous summary in rather than summarizing summaries blindly. The person's own messages are
-what it gives up last: quoted verbatim, the first and the latest always, the others while
-they fit in half the summary; context a client hands over (a file listing answered "Ok.") is
-labelled as such, so it is not taken for the person's words.
+`LLMSummarizer` asks a provider; `FnSummarizer` wraps the reference's `summarize=` hook; the
+offline `ExtractiveSummarizer` lives in `shared.summaries.extractive`. All share the prompt
+below, which keeps what an agent needs to go on (task, decisions, files, open items) and
+folds the previous summary in rather than summarizing summaries blindly. The person's own
+messages are what it gives up last: quoted verbatim, the first and the latest always, the
+others while they fit in half the summary; context a client hands over (a file listing
+answered "Ok.") is labelled as such, so it is not taken for the person's words.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from shared.head import handed_over
-from shared.llm import Completion, LLMClient, SummarizeFn
 from shared.messages import Message, text_of
+from shared.summaries.llm import Completion, LLMClient, SummarizeFn
 
 INSTRUCTIONS = (
     "You maintain the running summary of a long conversation between a user and an AI "

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.counters import (
+from shared.counting.counters import (
     DENSE_CHARS_PER_TOKEN,
     HEX_CHARS_PER_TOKEN,
     NON_TEXT_PART_TOKENS,
@@ -27,8 +27,8 @@ from shared.counters import (
     TiktokenCounter,
     tools_json,
 )
+from shared.counting.messagekeys import KeyFields
 from shared.errors import ConfigError, InvalidTranscript
-from shared.messagekeys import KeyFields
 from shared.messages import Message
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 

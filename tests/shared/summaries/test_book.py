@@ -6,8 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.hashing import canonical, prefix_hash, prefix_hashes
-from shared.summaries import SummaryBook, SummaryRecord
-from shared.summarize import summary_message
+from shared.summaries.book import SummaryBook, SummaryRecord
+from shared.summaries.incremental import summary_message
 
 MSGS = [{"role": "user", "content": f"m{i}"} for i in range(10)]
 

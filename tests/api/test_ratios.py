@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app
-from shared.counters import HeuristicCounter
+from shared.counting.counters import HeuristicCounter
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of, make_settings

@@ -14,7 +14,7 @@ from kombu.transport import redis as kombu_redis
 
 from shared.settings import Settings
 from worker.app import celery_config
-from worker.broker import RECONNECT_S, TRANSPORT, Consumer, Transport, transport_for
+from worker.transport import RECONNECT_S, TRANSPORT, Consumer, Transport, transport_for
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_a_detached_channel_still_gives_its_unacked_messages_back(
 def test_kombus_own_channel_still_fails_there(redis_broker_url: str, queue: str) -> None:
     """Why the guard exists: kombu 5.7's channel raises AttributeError in the same spot.
 
-    If this starts failing, kombu fixed it upstream and worker/broker.py can go.
+    If this starts failing, kombu fixed it upstream and worker/transport.py can go.
     """
     conn = Connection(redis_broker_url, transport=kombu_redis.Transport)
     channel = _deliver_one(conn, queue)
@@ -86,7 +86,7 @@ def test_the_worker_reconnects_to_the_broker_forever() -> None:
 def test_the_consumer_tries_a_lost_broker_every_second(monkeypatch: pytest.MonkeyPatch) -> None:
     """The workers' consumer reconnects every RECONNECT_S, not on Celery's 2, 4, 6 ... 30 s."""
     config = celery_config(Settings())
-    assert config["worker_consumer"] == "worker.broker:Consumer"
+    assert config["worker_consumer"] == "worker.transport:Consumer"
     assert config["worker_enable_prefetch_count_reduction"] is False  # celery#9512
     seen: dict[str, Any] = {}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.summarizers import build_prompt, render
+from shared.summaries.summarizers import build_prompt, render
 from tests.shared import aider
 
 

@@ -31,8 +31,8 @@ from typing import Any
 
 from shared.errors import ConfigError
 from shared.head import handed_over
-from shared.llm import Completion
 from shared.messages import HEAD_ROLES, Message, text_of
+from shared.summaries.llm import Completion
 
 CHARS_PER_TOKEN = 4
 EARLIER, TASK, ACTIONS, FILES = "Earlier", "Task/requests", "Actions", "Files"

@@ -9,8 +9,8 @@ import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+from shared.counting.messagekeys import Key, fields
 from shared.errors import ConfigError
-from shared.messagekeys import Key, fields
 from shared.messages import Message
 
 

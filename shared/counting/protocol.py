@@ -19,9 +19,9 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from shared.countcache import CountCache
+from shared.counting.cache import CountCache
+from shared.counting.messagekeys import message_key
 from shared.errors import ConfigError, PrefitError
-from shared.messagekeys import message_key
 from shared.messages import Message, ToolSpec
 
 MAX_MODELS = 16  # per-model caches a derived counter keeps (least recently used go first)

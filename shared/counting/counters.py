@@ -12,7 +12,7 @@ counted last is kept as private copies (`RecentTranscript`), so the same transcr
 grown by a message, is matched by C-level list equality; any other message is looked up by
 its content key (`message_key`) in a bounded `CountCache`. Either way only new content is
 tokenized. Calibration (`CalibratedCounter`, `RatioStore`, ...) lives in
-shared/calibration.py, which builds on these counters.
+shared/counting/calibration.py, which builds on these counters.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from operator import countOf, itemgetter
 from pathlib import Path
 from typing import cast
 
-from shared.countcache import CountCache, RecentTranscript, missing
-from shared.counting import CountOnly, MessageCounter, TokenCounter, per_message
-from shared.encodings import load_encoding
+from shared.counting.cache import CountCache, RecentTranscript, missing
+from shared.counting.encodings import load_encoding
+from shared.counting.messagekeys import Key, KeyFields, checked_key, fields, message_key
+from shared.counting.protocol import CountOnly, MessageCounter, TokenCounter, per_message
 from shared.errors import ConfigError, InvalidTranscript
-from shared.messagekeys import Key, KeyFields, checked_key, fields, message_key
 from shared.messages import Message, ToolSpec
 
 __all__ = [

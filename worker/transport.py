@@ -30,7 +30,7 @@ from kombu.transport import redis as kombu_redis
 
 # `rediss://` keeps kombu's own transport: its alias also sets kombu's SSL defaults.
 GUARDED_SCHEMES = ("redis",)
-TRANSPORT = "worker.broker:Transport"
+TRANSPORT = "worker.transport:Transport"
 
 
 class Channel(kombu_redis.Channel):

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import encodings
-from shared.calibration import CalibratedCounter
-from shared.counters import HeuristicCounter, TiktokenCounter
-from shared.counting import CountOnly, MessageCounter, per_message
+from shared.counting import encodings
+from shared.counting.calibration import CalibratedCounter
+from shared.counting.counters import HeuristicCounter, TiktokenCounter
+from shared.counting.protocol import CountOnly, MessageCounter, per_message
 from shared.errors import ConfigError, DoesNotFit
 from shared.messages import Message, ToolSpec
 from shared.policy import ContextPolicy

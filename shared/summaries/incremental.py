@@ -12,12 +12,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from shared.counting import MessageCounter
+from shared.counting.protocol import MessageCounter
 from shared.errors import ConfigError, ContextLengthExceeded, RangeTooLong
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
-from shared.summaries import SummaryRecord
-from shared.summarizers import Summarizer
+from shared.summaries.book import SummaryRecord
+from shared.summaries.summarizers import Summarizer
 
 
 @dataclass(frozen=True)

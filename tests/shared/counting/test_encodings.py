@@ -12,7 +12,7 @@ import pytest
 import tiktoken
 import tiktoken.load
 
-from shared.encodings import SPECS, encoding_file, load_encoding
+from shared.counting.encodings import SPECS, encoding_file, load_encoding
 from shared.errors import ConfigError
 
 URL = "https://openaipublic.blob.core.windows.net/encodings/{}.tiktoken"

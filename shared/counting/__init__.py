@@ -1,0 +1,1 @@
+"""Counting tokens: the counter protocol, the counters, their caches, encodings, calibration."""
