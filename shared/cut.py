@@ -198,7 +198,7 @@ class Outcome:
     stale: bool = False
 
 
-def record(out: Outcome, strategy: str, tokens: int, **detail: Any) -> None:
+def note_step(out: Outcome, strategy: str, tokens: int, **detail: Any) -> None:
     out.applied.append({"strategy": strategy, "saved": out.tokens - tokens, **detail})
     out.tokens = tokens
 
@@ -230,7 +230,7 @@ def drop(frame: Frame, steps: Steps, measure: TokenScale, raw: int, out: Outcome
         take += 1
         tokens = _without(steps, measure, raw - dropped(take), runs.first(take), out)
     out.dropped_groups = take
-    record(out, "DropOldest", tokens, groups=take)
+    note_step(out, "DropOldest", tokens, groups=take)
 
 
 @dataclass(frozen=True)
@@ -384,7 +384,7 @@ def decide(frame: Frame, steps: Steps, measure: TokenScale) -> Outcome:
     shortened = len(ledger.shortened_in(0, n))
     if shortened:
         raw = ledger.cum_short[n]
-        record(out, "TruncateToolResults", measure(raw), messages=shortened)
+        note_step(out, "TruncateToolResults", measure(raw), messages=shortened)
         out.truncated = True
     if out.tokens <= frame.target:
         return out
@@ -392,7 +392,7 @@ def decide(frame: Frame, steps: Steps, measure: TokenScale) -> Outcome:
     cleared = len(ledger.clearable_in(frame.head, until))
     if cleared:
         raw -= ledger.cum_saved[until] - ledger.cum_saved[frame.head]
-        record(out, "ClearToolResults", measure(raw), messages=cleared)
+        note_step(out, "ClearToolResults", measure(raw), messages=cleared)
         out.cleared_until = until
     if out.tokens <= frame.target:
         return out

@@ -38,7 +38,7 @@ used for size estimates, may then lag until the transcript is replaced).
 A tenant's memory of repeated openings (shared/store/openings.py) adds what one transcript
 cannot show: a user message that opened other conversations of the tenant with other tasks
 (a fixed instruction block, a greeting every session sends) is a preamble. It reaches the
-rule as data, `preambles` (the `message_key`s of the openings that are preambles for this
+rule as data, `preambles` (the `task_digest`s of the openings that are preambles for this
 transcript): the person's task is then the next user message after the opening. The opening
 is the message the rule above takes for the task; it stays kept (it is the first user
 message, or a small template).
@@ -169,7 +169,7 @@ def head_of(
     keep_first_user: bool = True,
     preambles: frozenset[str] = frozenset(),
 ) -> Head:
-    """The head of `msgs`; `preambles` are the `message_key`s of openings the tenant's memory
+    """The head of `msgs`; `preambles` are the `task_digest`s of openings the tenant's memory
     found to be preambles (see the module docstring)."""
     lead = 0
     n = len(msgs)
@@ -183,7 +183,7 @@ def head_of(
     examples = _past_examples(msgs, first)  # where the messages after them start
     task, final = task_of(msgs, first, examples)
     unsure = not final and examples > first
-    if preambles and message_key(msgs[task]) in preambles:
+    if preambles and task_digest(msgs[task]) in preambles:
         after = next_request(msgs, task)
         if after is not None:
             task, final = after, after + 1 < n
@@ -213,8 +213,8 @@ def requests_in(msgs: Sequence[Message], first: int, task: int, examples: int) -
     return tuple(found[-TEMPLATE_MAX_REQUESTS:])
 
 
-def opening(msgs: Sequence[Message]) -> tuple[str, str] | None:
-    """(`message_key` of the message the transcript-only rule takes for the task, that of
+def opening_pair(msgs: Sequence[Message]) -> tuple[str, str] | None:
+    """(`task_digest` of the message the transcript-only rule takes for the task, that of
     the next user message after it): what the tenant's memory of openings records; None
     before there is such a next message."""
     head = head_of(msgs)
@@ -223,7 +223,7 @@ def opening(msgs: Sequence[Message]) -> tuple[str, str] | None:
     after = next_request(msgs, head.task)
     if after is None:
         return None
-    return message_key(msgs[head.task]), message_key(msgs[after])
+    return task_digest(msgs[head.task]), task_digest(msgs[after])
 
 
 def next_request(msgs: Sequence[Message], at: int) -> int | None:
@@ -231,7 +231,7 @@ def next_request(msgs: Sequence[Message], at: int) -> int | None:
     return next((i for i in range(at + 1, len(msgs)) if msgs[i].get("role") == "user"), None)
 
 
-def message_key(message: Message) -> str:
+def task_digest(message: Message) -> str:
     """A user message's hash as every turn resends it (`task_key`): 32 hex digits."""
     return hashlib.blake2b(canonical(task_key(message)), digest_size=16).hexdigest()
 

@@ -126,7 +126,7 @@ class ContextPolicy:
         return self._twin(counter=sized)
 
     def heading(self, preambles: frozenset[str]) -> ContextPolicy:
-        """This policy finding heads past `preambles` (the `message_key`s of openings the
+        """This policy finding heads past `preambles` (the `task_digest`s of openings the
         tenant's memory found to be preambles: shared/head.py), sharing its memory."""
         return self if preambles == self.preambles else self._twin(preambles=preambles)
 

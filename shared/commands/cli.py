@@ -234,7 +234,7 @@ def _inspect(argv: list[str]) -> int:
     # Hook for `prefit inspect`: imported lazily so the other
     # commands never pay for its imports, and it parses its own options.
     module = importlib.import_module("shared.commands.inspect")
-    return int(module.main(argv))
+    return int(module.inspect_command(argv))
 
 
 def _positive(value: str) -> int:

@@ -64,7 +64,7 @@ def _paint(fate: str, color: bool) -> str:
     return f"\x1b[{code}m{cell}\x1b[0m" if color else cell
 
 
-def render(
+def picture(
     transcript: list[Message], work: Work, counter: TokenCounter, *, color: bool, width: int = 80
 ) -> str:
     """The picture: a cell per group, a legend, and token figures per fate."""
@@ -114,7 +114,7 @@ def _counter(kind: str) -> TokenCounter:
     return TiktokenCounter(directory=directory)
 
 
-def main(argv: list[str] | None = None) -> int:
+def inspect_command(argv: list[str] | None = None) -> int:
     """`prefit inspect FILE --window N [--model M] [--counter tiktoken|heuristic]`."""
     parser = argparse.ArgumentParser(prog="prefit inspect", description=__doc__)
     parser.add_argument("file", type=Path)
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefit inspect: {exc}", file=sys.stderr)
         return 2
     color = sys.stdout.isatty() and not args.no_color
-    print(render(transcript, work, counter, color=color))
+    print(picture(transcript, work, counter, color=color))
     if work.tokens() > work.limits.budget:
         print(
             "DOES NOT FIT: the head and the recent turns exceed the budget even with their tool "

@@ -41,7 +41,7 @@ class AnthropicClient(ProviderClient):
         headers = {"anthropic-version": API_VERSION}
         if self._api_key:
             headers["x-api-key"] = self._api_key
-        system, turns = to_anthropic(messages)
+        system, turns = plain_turns(messages)
         payload: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "messages": turns}
         if system:
             payload["system"] = system
@@ -80,7 +80,7 @@ class AnthropicClient(ProviderClient):
         return status == 400 and bool(_CONTEXT_MESSAGE.search(info.message))
 
 
-def to_anthropic(messages: Sequence[Message]) -> tuple[str, list[dict[str, str]]]:
+def plain_turns(messages: Sequence[Message]) -> tuple[str, list[dict[str, str]]]:
     """(system text, alternating user/assistant turns) for OpenAI-format `messages`."""
     system: list[str] = []
     turns: list[dict[str, str]] = []

@@ -167,15 +167,15 @@ def dead_letters(tenant: str) -> str:
     return f"{_tenant(tenant)}:deadletters"
 
 
-_MESSAGE_KEY = re.compile(r"[0-9a-f]{32}")
+_TASK_DIGEST = re.compile(r"[0-9a-f]{32}")
 
 
-def opening(tenant: str, message_key: str) -> str:
-    """STRING: the `message_key` of the user message that followed this opening (a
-    `message_key`) in the first conversation of the tenant it opened (shared/store/openings.py)."""
-    if not isinstance(message_key, str) or not _MESSAGE_KEY.fullmatch(message_key):
-        raise ConfigError(f"invalid message key {message_key!r}: expected 32 hex digits")
-    return f"{_tenant(tenant)}:opening:{message_key}"
+def opening(tenant: str, task_digest: str) -> str:
+    """STRING: the `task_digest` of the user message that followed this opening (a
+    `task_digest`) in the first conversation of the tenant it opened (shared/store/openings.py)."""
+    if not isinstance(task_digest, str) or not _TASK_DIGEST.fullmatch(task_digest):
+        raise ConfigError(f"invalid task digest {task_digest!r}: expected 32 hex digits")
+    return f"{_tenant(tenant)}:opening:{task_digest}"
 
 
 def ratio(tenant: str, model: str | None) -> str:

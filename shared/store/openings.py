@@ -2,7 +2,7 @@
 preamble (a fixed instruction block, a greeting every session sends) rather than as a task.
 
 The opening of a transcript is the message the transcript-only head rule takes for the task;
-its follow-up is the next user message (shared/head.py `opening`). Redis keeps, per tenant
+its follow-up is the next user message (shared/head.py `opening_pair`). Redis keeps, per tenant
 and opening, the follow-up of the first conversation it opened (`keys.opening`: hashes only,
 never content; 30 days, renewed on use). A transcript whose follow-up differs is a second
 distinct conversation the opening opened: for it the opening is a preamble, and its task is
@@ -31,7 +31,7 @@ import redis.asyncio
 import redis.exceptions
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
-from shared.head import opening
+from shared.head import opening_pair
 from shared.messages import Message
 from shared.store import keys
 
@@ -70,7 +70,7 @@ class Openings:
 
     def cached(self, tenant: str, messages: Sequence[Message]) -> frozenset[str]:
         """The preambles of `messages` as this process last learned them (no Redis)."""
-        found = opening(messages)
+        found = opening_pair(messages)
         if found is None:
             return frozenset()
         with self._lock:
@@ -80,9 +80,9 @@ class Openings:
     async def preambles(
         self, client: AsyncClient, tenant: str, messages: Sequence[Message]
     ) -> frozenset[str]:
-        """The `message_key`s of the openings that are preambles for `messages` (at most
+        """The `task_digest`s of the openings that are preambles for `messages` (at most
         one), recording its opening in the tenant's memory (see the module docstring)."""
-        found = opening(messages)
+        found = opening_pair(messages)
         if found is None:
             return frozenset()
         entry = (tenant, *found)

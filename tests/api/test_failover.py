@@ -35,6 +35,7 @@ def traffic(cluster: ClusterProcess) -> Iterator[tuple[Traffic, Store, str]]:
     settings = make_settings(
         cluster.url, model, api_keys=f"{tenant}:{key_of(tenant)}", redis_cluster=True,
         broker_url="redis://127.0.0.1:1/0",  # never used: the test's enqueue records jobs
+        request_deadline_s=2.0,  # the default, whatever the cluster pass gives the others
     )  # fmt: skip
     store = Store.from_url(cluster.url, settings)
     convs = [f"c{i}-{uuid.uuid4().hex[:6]}" for i in range(CONVERSATIONS)]

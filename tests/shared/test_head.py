@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from shared.counting.counters import HeuristicCounter
-from shared.head import GAP_MAX_CHARS, head_of, message_key, opening
+from shared.head import GAP_MAX_CHARS, head_of, opening_pair, task_digest
 from shared.messages import Message
 from shared.policy import ContextPolicy
 from shared.strategies.drop import marker_counts
@@ -230,12 +230,12 @@ def test_a_learned_preamble_moves_the_task_to_the_next_request() -> None:
     msgs = preambles.prompts("Port the CLI to click", 4)[3]
     plain = head_of(msgs)
     assert plain.task == 1 and plain.final
-    key = message_key(msgs[1])
+    key = task_digest(msgs[1])
     head = head_of(msgs, preambles=frozenset({key}))
     assert head.task == 3 and head.final and head.protects(1) and head.protects(3)
-    assert head_of(msgs, preambles=frozenset({message_key(msgs[3])})) == plain
-    assert opening(msgs) == (key, message_key(msgs[3]))
-    assert opening(preambles.opened("x")[:2]) is None  # no follow-up yet: nothing to learn
+    assert head_of(msgs, preambles=frozenset({task_digest(msgs[3])})) == plain
+    assert opening_pair(msgs) == (key, task_digest(msgs[3]))
+    assert opening_pair(preambles.opened("x")[:2]) is None  # no follow-up yet: nothing to learn
 
 
 def test_message_keys_ignore_moved_markers_and_an_appended_reminder() -> None:
@@ -243,9 +243,9 @@ def test_message_keys_ignore_moved_markers_and_an_appended_reminder() -> None:
     text = {"role": "user", "content": [{"type": "text", "text": "Port the CLI"}]}
     marked = {"role": "user", "content": [{**text["content"][0], "cache_control": {"t": 1}}]}
     reminded = {"role": "user", "content": "Port the CLI\n\n# Rules: use blocks"}
-    assert message_key(text) == message_key(marked)
-    assert message_key(reminded) == message_key({"role": "user", "content": "Port the CLI"})
-    assert message_key(text) != message_key({"role": "user", "content": "Port the CL"})
+    assert task_digest(text) == task_digest(marked)
+    assert task_digest(reminded) == task_digest({"role": "user", "content": "Port the CLI"})
+    assert task_digest(text) != task_digest({"role": "user", "content": "Port the CL"})
 
 
 def test_an_unconfirmed_few_shot_close_offers_the_first_user_message() -> None:

@@ -11,7 +11,7 @@ import pytest
 from api.proxy.identity import conversation_id, conversation_ids, derived_id, session_signal
 from shared.errors import InvalidRequest
 from shared.formats import from_anthropic, to_anthropic
-from shared.head import message_key
+from shared.head import task_digest
 from shared.messages import Message
 from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import Proxy
@@ -156,7 +156,7 @@ def test_a_learned_preamble_gives_each_session_its_own_id() -> None:
     tasks = ("Fix the login bug", "Add a dark mode")
     plain = {derived_id("a", preambles.prompts(t, 1)[0]) for t in tasks}
     assert len(plain) == 1  # the transcript alone cannot tell them apart
-    learned = frozenset({message_key({"role": "user", "content": preambles.PREAMBLE})})
+    learned = frozenset({task_digest({"role": "user", "content": preambles.PREAMBLE})})
     ids = [{derived_id("a", p, learned) for p in preambles.prompts(t, 6)} for t in tasks]
     assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
 

@@ -162,14 +162,16 @@ def test_worker_takes_a_node_name_or_makes_a_unique_one(monkeypatch: pytest.Monk
 
 
 def test_inspect_is_handed_every_argument(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`prefit inspect ...` calls shared.commands.inspect.main with the rest of the command line."""
+    """`prefit inspect ...` calls `inspect_command` with the rest of the command line."""
     got: list[list[str]] = []
 
-    def fake_main(argv: list[str]) -> int:
+    def fake_command(argv: list[str]) -> int:
         got.append(argv)
         return 5
 
-    monkeypatch.setitem(sys.modules, "shared.commands.inspect", SimpleNamespace(main=fake_main))
+    monkeypatch.setitem(
+        sys.modules, "shared.commands.inspect", SimpleNamespace(inspect_command=fake_command)
+    )
     assert cli.main(["inspect", "t.json", "--window", "9"]) == 5
     assert got == [["t.json", "--window", "9"]]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shared.commands import inspect as inspect_module
-from shared.commands.inspect import fates, main
+from shared.commands.inspect import fates, inspect_command
 from shared.counting.counters import HeuristicCounter
 from shared.errors import ConfigError
 from shared.policy import ContextPolicy
@@ -24,7 +24,10 @@ def test_picture_shows_every_fate_with_figures(
     """A long agent run shows head, cleared and kept groups and the token totals."""
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"messages": agent(60)}))
-    assert main([str(path), "--window", "12000", "--reserve-output", "1000", "--no-color"]) == 0
+    assert (
+        inspect_command([str(path), "--window", "12000", "--reserve-output", "1000", "--no-color"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "122 messages, 61 turn groups; budget 11000 tokens" in out
     for fate in ("head", "kept", "cleared"):
@@ -38,7 +41,7 @@ def test_unreadable_file_is_a_clear_error(
     """A malformed transcript exits 2 with the reason, not a traceback."""
     path = tmp_path / "bad.json"
     path.write_text(json.dumps([{"role": "wizard", "content": "x"}]))
-    assert main([str(path), "--window", "8000"]) == 2
+    assert inspect_command([str(path), "--window", "8000"]) == 2
     assert "message 0: unknown role 'wizard'" in capsys.readouterr().err
 
 
@@ -58,7 +61,7 @@ def test_a_file_that_is_not_a_transcript_is_a_clear_error(
     the reason, not with a traceback."""
     path = tmp_path / "odd.json"
     path.write_bytes(content)
-    assert main([str(path), "--window", "8000"]) == 2
+    assert inspect_command([str(path), "--window", "8000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"prefit inspect: cannot read {path}: ") and reason in err, err
 
@@ -71,7 +74,10 @@ def test_real_transcript_with_exact_counter(
     from tests.conftest import TRANSCRIPTS
 
     path = TRANSCRIPTS / "mswea_gemini3pro__django__django-13933.json"
-    assert main([str(path), "--window", "32000", "--counter", "tiktoken", "--no-color"]) == 0
+    assert (
+        inspect_command([str(path), "--window", "32000", "--counter", "tiktoken", "--no-color"])
+        == 0
+    )
     assert "132 messages" in capsys.readouterr().out
 
 
@@ -86,7 +92,7 @@ def test_tiktoken_that_cannot_load_is_a_clear_error(
     monkeypatch.setattr(inspect_module, "TiktokenCounter", unloadable)
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"messages": agent(3)}))
-    assert main([str(path), "--window", "8000", "--counter", "tiktoken"]) == 2
+    assert inspect_command([str(path), "--window", "8000", "--counter", "tiktoken"]) == 2
     assert "prefit inspect: tiktoken cannot load encoding" in capsys.readouterr().err
 
 

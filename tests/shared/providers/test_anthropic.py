@@ -9,7 +9,7 @@ import pytest
 
 from shared.errors import ContextLengthExceeded, InvalidTranscript, LLMError
 from shared.providers import AnthropicClient
-from shared.providers.anthropic import API_VERSION, to_anthropic
+from shared.providers.anthropic import API_VERSION, plain_turns
 from shared.settings import Price
 from tests.fakellm import Failure, FakeLLM, answer_for
 from tests.shared.providers.helpers import SleepRecorder, complete, make
@@ -52,7 +52,7 @@ def test_base_url_with_or_without_v1(fake: FakeLLM, sleeper: SleepRecorder, suff
 
 def test_mapping_of_openai_messages() -> None:
     """Tool calls and results become text, same-role turns merge, empty messages are skipped."""
-    system, turns = to_anthropic(
+    system, turns = plain_turns(
         [
             {"role": "system", "content": "S1"},
             {"role": "developer", "content": "S2"},
@@ -86,7 +86,7 @@ def test_mapping_of_openai_messages() -> None:
 def test_only_system_messages_is_invalid() -> None:
     """A request with nothing but system text cannot be sent to Anthropic."""
     with pytest.raises(InvalidTranscript, match="no user or assistant"):
-        to_anthropic([{"role": "system", "content": "S"}])
+        plain_turns([{"role": "system", "content": "S"}])
 
 
 def test_cached_input_tokens_count_as_input(sleeper: SleepRecorder) -> None:

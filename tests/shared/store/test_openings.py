@@ -7,13 +7,13 @@ import socket
 
 import redis.asyncio
 
-from shared.head import head_of, message_key
+from shared.head import head_of, task_digest
 from shared.store import keys
 from shared.store.openings import Openings
 from tests.redisbackend import async_store_client
 from tests.shared import preambles as p
 
-PREAMBLE_KEY = message_key({"role": "user", "content": p.PREAMBLE})
+PREAMBLE_KEY = task_digest({"role": "user", "content": p.PREAMBLE})
 
 
 def learn(redis_url: str, memory: Openings, tenant: str, *tasks: str) -> list[frozenset[str]]:
@@ -63,7 +63,7 @@ def test_only_hashes_are_stored_with_an_expiry(redis_url: str, tenant: str) -> N
 
     learn(redis_url, Openings(), tenant, "Fix the login bug")
     value, ttl = asyncio.run(read())
-    assert value == message_key({"role": "user", "content": "Fix the login bug"}).encode()
+    assert value == task_digest({"role": "user", "content": "Fix the login bug"}).encode()
     assert 0 < ttl <= 30 * 86_400
 
 
