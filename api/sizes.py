@@ -1,6 +1,7 @@
-"""A stored conversation's size, and where it stands against the trigger, after a write or on
-a read: tokens, effective tokens (head + best summary + the rest), state, and the summary job
-to ask for when it nears the trigger (once per state).
+"""A stored conversation's size against the trigger, after a write or on a read.
+
+What it reports: tokens, effective tokens (head + best summary + the rest), state, and the
+summary job to ask for when it nears the trigger (once per state).
 
 After a write the numbers come from what the write script measured in the same call; when
 it could not (the append landed after other writers', or the tally had to be dropped) they

@@ -1,0 +1,1 @@
+"""Benchmarks: each module a runnable `python -m bench.<name>`; figures in docs/benchmarks.md."""

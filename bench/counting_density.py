@@ -1,6 +1,8 @@
-"""HeuristicCounter against tiktoken on dense and ordinary text: its ratio to o200k_base and
-cl100k_base per category, before (every ASCII character at chars_per_token) and after (hex,
-dense and number runs at their own density), and what counting costs on 24 KB and 2 MB.
+"""HeuristicCounter against tiktoken on dense and ordinary text.
+
+Its ratio to o200k_base and cl100k_base per category, before (every ASCII character at
+chars_per_token) and after (hex, dense and number runs at their own density), and what
+counting costs on 24 KB and 2 MB.
 
 The dense categories are generated (seeded): SHA-256 lines, UUID lists, base64, a numbers
 table, minified JSON with ids, git log, Python stack traces, compiler output, timestamped

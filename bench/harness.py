@@ -1,5 +1,7 @@
-"""What the HTTP benchmarks share: the conversations they replay, the API they start, the
-server's CPU time, percentiles, request logs.
+"""What the HTTP benchmarks share.
+
+The conversations they replay, the API they start, the server's CPU time, percentiles,
+request logs.
 
 The API runs as `prefit up` runs it (`shared.commands.up.api_argv`: uvicorn, one or several
 processes; several get a metrics directory of their own), from this checkout or from another

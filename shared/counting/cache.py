@@ -1,5 +1,7 @@
-"""Where token counts are remembered: by content key (`CountCache`) and, for the transcript
-counted last, by position (`RecentTranscript`).
+"""Where token counts are remembered: by content key, and by position for the last transcript.
+
+`CountCache` keeps counts by content key; `RecentTranscript` keeps those of the transcript
+counted last, by position.
 """
 
 from __future__ import annotations

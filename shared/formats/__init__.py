@@ -1,5 +1,8 @@
-"""Wire formats prefit converts to and from its OpenAI chat form: Anthropic Messages
-(`anthropic`, built on the content-block checks of `blocks`)."""
+"""Wire formats prefit converts to and from its OpenAI chat form, losslessly.
+
+Anthropic Messages (`anthropic`, built on the content-block checks of `blocks`) and the
+OpenAI Responses API (`responses`).
+"""
 
 from shared.formats.anthropic import (
     from_anthropic,

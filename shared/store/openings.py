@@ -1,5 +1,7 @@
-"""The tenant's memory of repeated openings: which user messages open its conversations as a
-preamble (a fixed instruction block, a greeting every session sends) rather than as a task.
+"""The tenant's memory of repeated openings: preambles, not tasks.
+
+Which user messages open its conversations as a preamble (a fixed instruction block, a
+greeting every session sends) rather than as a task.
 
 The opening of a transcript is the message the transcript-only head rule takes for the task;
 its follow-up is the next user message (shared/head.py `opening_pair`). Redis keeps, per tenant

@@ -1,5 +1,7 @@
-"""Lua shared by the conversation and record scripts, and the scripts that write a
-conversation: `APPEND`, `REPLACE` and `DELETE`.
+"""Lua for writing conversations: the shared parts, `APPEND`, `REPLACE` and `DELETE`.
+
+The Lua the conversation and record scripts share, and the scripts that write a
+conversation.
 
 Record keys are built inside Lua from `keys.record_prefix(tenant, conv_id)` .. prefix hash,
 passed in as ARGV, so the formats still come only from shared/store/keys.py. Every key a script
