@@ -140,7 +140,7 @@ async def build_record(
     hashes: Sequence[str] | None = None,
     now: float | None = None,
 ) -> Built:
-    """Summarize `transcript[start:cut]` (folding `previous`, which must end at `start`).
+    """Summarize `transcript[start:cut]` (folding `previous`, which must end in [start, cut)).
 
     Long ranges go chunk by chunk; a chunk the provider finds too long is halved and retried.
     """
