@@ -41,7 +41,11 @@ class RatioStore(Protocol):
     def update(
         self, model: str, observed_ratio: float, smoothing: float, bounds: tuple[float, float]
     ) -> float:
-        """Fold one observed ratio into the model's ratio (see `smoothed`); return the new one."""
+        """Fold one observed ratio into the model's ratio (see `smoothed`); return the new one.
+
+        `smoothing` and `bounds` are the calibrating counter's; the service's Redis store
+        folds by its own `SettlingRule` instead.
+        """
         ...
 
 

@@ -10,7 +10,8 @@ from shared.strategies.work import Work
 
 
 def cut_text(text: str, max_chars: int, head: float) -> str:
-    """`text` shortened to about `max_chars`, keeping its start and end and saying what was cut."""
+    """`text` shortened to about `max_chars`, keeping its start and end and saying what was cut
+    (`head`: the share of `max_chars` kept from the start)."""
     if len(text) <= max_chars:
         return text
     keep_head = int(max_chars * head)
