@@ -93,7 +93,7 @@ class ContextPolicy:
       target x budget (0.6; 0 < target <= trigger <= 1);
     - keep_recent: the last `keep_recent` turn groups after the head, the protected recent
       tail, are never summarized, cleared or dropped (3, at least 1; TruncateToolResults and
-      the last resort may still shorten a huge output there);
+      the last resort may still shorten huge outputs and texts there);
     - strategies: run in order until the conversation is under target. The default is
       cheap-and-lossless first: TruncateToolResults(), ClearToolResults(), Summarize (which
       calls a model only when there is a summarizer; without one it serves the book's

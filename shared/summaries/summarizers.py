@@ -49,7 +49,7 @@ class Summarizer(Protocol):
         self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
     ) -> Completion:
         """The summary that replaces `previous` and `messages` both, in at most `max_tokens`
-        tokens (the policy's `max_summary_tokens`)."""
+        tokens (a `Summarize` step's `max_summary_tokens`)."""
         ...
 
 
