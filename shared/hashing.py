@@ -78,12 +78,19 @@ def _chain(start: str, messages: Sequence[Mapping[str, Any]]) -> Iterator[str]:
 
 
 def prefix_hashes(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """`out[k]` is the prefix hash of `messages[:k]`, for k = 0..len(messages)."""
+    """`out[k]` is the prefix hash of `messages[:k]`, for k = 0..len(messages).
+
+    - messages: the transcript's messages; one with no canonical encoding (a value JSON
+      cannot encode, a lone surrogate) is `InvalidTranscript`, with its index.
+    """
     return [EMPTY, *_chain(EMPTY, messages)]
 
 
 def prefix_hash(messages: Sequence[Mapping[str, Any]]) -> str:
-    """The prefix hash of all of `messages`."""
+    """The prefix hash of all of `messages` (the last of `prefix_hashes(messages)`).
+
+    - messages: as for `prefix_hashes`.
+    """
     h = EMPTY
     for h in _chain(EMPTY, messages):  # noqa: B007 (the last one is the answer)
         pass

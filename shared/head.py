@@ -169,8 +169,15 @@ def head_of(
     keep_first_user: bool = True,
     preambles: frozenset[str] = frozenset(),
 ) -> Head:
-    """The head of `msgs`; `preambles` are the `task_digest`s of openings the tenant's memory
-    found to be preambles (see the module docstring)."""
+    """The head of `msgs`.
+
+    - msgs: the transcript's messages;
+    - keep_first_user: the head keeps the user's first message and the person's task (True);
+      False: the head is the leading system/developer messages only;
+    - preambles: the `task_digest`s of openings the tenant's memory found to be preambles
+      (see the module docstring): when the message taken for the task is one of them, the
+      task is the next user message.
+    """
     lead = 0
     n = len(msgs)
     while lead < n and msgs[lead].get("role") in HEAD_ROLES:
@@ -272,7 +279,10 @@ def _first_paragraph(text: str) -> str:
 
 
 def head_end(msgs: Sequence[Message], *, keep_first_user: bool = True) -> int:
-    """End of the head's region: one past the person's task, else the leading messages."""
+    """End of the head's region: one past the person's task, else the leading messages.
+
+    - msgs, keep_first_user: as for `head_of`.
+    """
     return head_of(msgs, keep_first_user=keep_first_user).end
 
 

@@ -31,7 +31,15 @@ _PLAIN = frozenset({"system", "developer", "user", "assistant"})
 
 def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
     """Half-open index ranges of atomic turn groups from `start`; `InvalidTranscript` when a
-    message is not an object."""
+    message is not an object.
+
+    A turn group is an assistant message with tool calls together with its tool results (or
+    with the `function` result right after its legacy `function_call`), or any other message
+    on its own.
+
+    - msgs: the messages (not validated here);
+    - start: the index to start from (0; an int >= 0, `InvalidRequest` otherwise).
+    """
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise InvalidRequest(f"start must be an integer >= 0, got {start!r}")
     out: list[tuple[int, int]] = []
@@ -72,7 +80,11 @@ def text_of(message: Mapping[str, Any]) -> str:
 
 
 def validate(transcript: Any) -> list[Message]:
-    """Check a transcript and return it as a list; raise `InvalidTranscript` on the first fault."""
+    """Check a transcript and return it as a list; raise `InvalidTranscript` on the first fault.
+
+    - transcript: a list or tuple of messages in OpenAI chat format (a list comes back as it
+      is, not copied); what is refused: docs/design.md, "Validation".
+    """
     if not isinstance(transcript, list | tuple):
         raise InvalidTranscript(f"transcript must be a list of messages, got {_kind(transcript)}")
     msgs = transcript if type(transcript) is list else list(transcript)

@@ -46,7 +46,13 @@ State = Literal["under", "nearing", "over"]
 
 @dataclass(frozen=True)
 class SummaryPlan:
-    """The record a worker should write now: transcript[start:cut], folding `previous`."""
+    """The record a worker should write now: transcript[start:cut], folding `previous`.
+
+    - start: the head's end, where the record's range begins;
+    - cut: the range's exclusive end, the record's `upto`;
+    - previous: the record it extends (the new turns start at its `upto`), None for a first;
+    - prefix_hash: the prefix hash of `transcript[:cut]`, the record's `prefix_hash`.
+    """
 
     start: int
     cut: int
@@ -56,7 +62,15 @@ class SummaryPlan:
 
 @dataclass
 class Prepared:
-    """The messages to send, and what was done to get them."""
+    """The messages to send, and what was done to get them.
+
+    - messages: the messages to send now;
+    - report: what was done (keys in docs/design.md, "Policy semantics"); `prepare` always
+      sets it;
+    - new_summaries: the records this call wrote, for the caller to keep;
+    - tokens_spent: the summarizer's input and output tokens this call spent;
+    - cost: what those summarizer calls cost, as their `Completion`s said.
+    """
 
     messages: list[Message]
     report: dict[str, Any] | None = None
@@ -66,7 +80,41 @@ class Prepared:
 
 
 class ContextPolicy:
-    """Fit conversations into a model's input window (see docs/design.md for the semantics)."""
+    """Fit conversations into a model's input window (see docs/design.md for the semantics).
+
+    - max_input_tokens: the model's context window, an int or a function of the model name
+      (a `LookupError` from it is `UnknownModel`). Nothing here knows your model's real
+      limit, so say it: a too-large number means overflow errors, a too-small one wastes
+      context;
+    - reserve_output: tokens kept free for the reply (4096); the budget is the window minus
+      this;
+    - trigger: a conversation at or under trigger x budget is sent unchanged (0.85);
+    - target: over the trigger, the strategies run in order until the conversation is under
+      target x budget (0.6; 0 < target <= trigger <= 1);
+    - keep_recent: the last `keep_recent` turn groups after the head, the protected recent
+      tail, are never summarized, cleared or dropped (3, at least 1; TruncateToolResults and
+      the last resort may still shorten huge outputs and texts there);
+    - strategies: run in order until the conversation is under target. The default is
+      cheap-and-lossless first: TruncateToolResults(), ClearToolResults(), Summarize (which
+      calls a model only when there is a summarizer; without one it serves the book's
+      records), DropOldest();
+    - counter: the `TokenCounter` prompts are measured with (default
+      `CalibratedCounter(HeuristicCounter())`); one with only `count()` gets per-message
+      sizes derived from it, and only a `CalibratedCounter` learns from `observe`;
+    - summarizer: an `LLMClient` (or a `Summarizer`) that writes summaries for the Summarize
+      steps that have none of their own; None: `prepare` never calls a model;
+    - summarizer_model: the model the summarizer client is called with (unused with a
+      `Summarizer`);
+    - keep_first_user: the head keeps the user's first message and the person's task (True);
+      False: the head is the leading system/developer messages only;
+    - precompute_at: from (trigger - precompute_at) x budget on, `state` says "nearing"
+      and `plan_summary` plans records ahead of the trigger (0.1; within [0, trigger));
+    - keep_tokens_ratio, chunk_tokens, max_summary_tokens: the default Summarize step's
+      settings (0.4, 24000, 1200: see `Summarize`). `plan_summary` cuts with the
+      `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
+    - remembered: how many conversations' validated transcripts and measurements `prepare`
+      remembers (64; see its `conversation`).
+    """
 
     def __init__(
         self,
@@ -157,6 +205,7 @@ class ContextPolicy:
         return self.window(model) - self.reserve_output
 
     def limits(self, model: str | None) -> Limits:
+        """What a prepare call for `model` must achieve, in estimated tokens."""
         budget = self.budget(model)
         s = self.summarize_params
         return Limits(
@@ -194,7 +243,10 @@ class ContextPolicy:
         model: str | None = None,
         book: SummaryBook | None = None,
     ) -> int:
-        """Tokens of the prompt built from the best record of `book`, before any other cut."""
+        """Tokens of the prompt built from the best record of `book`, before any other cut.
+
+        - transcript, tools, model, book: as for `prepare`.
+        """
         return self.counter.count(self.with_best(transcript, book)[0], tools, model)
 
     def with_best(
@@ -205,7 +257,8 @@ class ContextPolicy:
         regions: tuple[int, int] | None = None,
     ) -> tuple[list[Message], SummaryRecord | None]:
         """The prompt [head][summary][rest] from the book's best record within the protected
-        tail, and that record (`regions`: the transcript's `regions` when the caller has them)."""
+        tail, and that record (`regions`: the transcript's `regions` when the caller has them;
+        `hashes`: its `prefix_hashes`, likewise)."""
         head, tail = regions if regions is not None else self.regions(transcript)
         record = None
         if book is not None and book.records:
@@ -228,20 +281,33 @@ class ContextPolicy:
         conversation: Hashable | None = None,
         frozen: bool = False,
     ) -> Prepared:
-        """The messages to send for `transcript` (see the reference for `pressure`).
+        """The messages to send for `transcript`.
 
         A stored summary that brings the prompt under the trigger is served as
         [head][summary][rest] and nothing else is cut, so the prompt's prefix stays
         byte-stable between records. When the strategies leave it over budget, the tool
         outputs still in it (the head's and the recent turns' included) are shortened as a
-        last resort; `DoesNotFit` only when even that is not enough. `hashes` are the
-        transcript's `prefix_hashes` when the caller already has them (a store keeps them),
-        to avoid hashing it again. `conversation` names it for the policy's memory of what it
-        validated and measured (a store's tenant and id; by default, its opening messages):
-        only a transcript equal to the one remembered, by content, reuses that work.
-        `frozen`: the caller promises that neither the transcript nor its messages will ever
-        change (a store's snapshots), so the messages it shares, as objects, with the frozen
-        transcript prepared last need not be compared again (`ValidatedPrefixes`).
+        last resort; `DoesNotFit` only when even that is not enough.
+
+        - transcript: the conversation's messages, OpenAI chat format (`InvalidTranscript`
+          unless `validate` accepts them);
+        - tools: the tool specs sent with them (they count in the prompt);
+        - model: the model it is for: its window (when `max_input_tokens` is a function) and
+          its calibration ratio;
+        - book: the conversation's known summaries, reused by content hash; the records this
+          call writes are added to it (and returned in `Prepared.new_summaries`);
+        - pressure: < 1 assumes the real size is 1/pressure times our estimate, which forces
+          deeper cuts (within (0, 1]). It is used to retry after the provider itself reported
+          an overflow that our estimate missed: strategies stop as soon as the estimate fits,
+          so re-running them unchanged would just produce the same request;
+        - hashes: the transcript's `prefix_hashes` when the caller already has them (a store
+          keeps them), to avoid hashing it again;
+        - conversation: names it for the policy's memory of what it validated and measured (a
+          store's tenant and id; by default, its opening messages): only a transcript equal
+          to the one remembered, by content, reuses that work;
+        - frozen: the caller promises that neither the transcript nor its messages will ever
+          change (a store's snapshots), so the messages it shares, as objects, with the
+          frozen transcript prepared last need not be compared again (`ValidatedPrefixes`).
         """
         if not 0.0 < pressure <= 1.0:
             raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
@@ -309,7 +375,10 @@ class ContextPolicy:
         """The tokens `prepare` measures `transcript` at, at pressure 1, before cutting
         anything (it is sent as it is at or under `trigger x budget`): validated and measured
         as `prepare` does, through the conversation's ledger, so a transcript grown since the
-        last one costs only its new messages, and `prepare` of it then costs nothing more."""
+        last one costs only its new messages, and `prepare` of it then costs nothing more.
+
+        - transcript, tools, model, conversation, frozen: as for `prepare`.
+        """
         return self._measured(transcript, tools, model, 1.0, conversation, frozen)[3]
 
     def _measured(
@@ -351,9 +420,11 @@ class ContextPolicy:
     ) -> Work:
         """Run the strategies on a validated transcript; `prepare` checks the result fits.
 
-        `due` answers whether the workers could write a newer record (for `stale`); by
-        default `summary_due` on this transcript and book. `summaries=False` skips the
-        `Summarize` steps.
+        - transcript, tools, model, book, pressure, hashes: as for `prepare`;
+        - sizes: the call's memo of message sizes (`prepare` passes the one it measured with);
+        - due: answers whether the workers could write a newer record (for `stale`); by
+          default `summary_due` on this transcript and book;
+        - summaries: False skips the `Summarize` steps.
         """
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
@@ -395,8 +466,15 @@ class ContextPolicy:
     ) -> None:
         """Calibrate on a real response (only a `CalibratedCounter` learns from it).
 
-        `sent` must be a valid, non-empty transcript (`InvalidTranscript` otherwise): the
-        ratio of a request with no messages says nothing about how messages are counted.
+        Compares the provider's own prompt-token count with our raw estimate of what was sent.
+
+        - model: the model that answered (the ratio updated is that model's);
+        - sent: exactly the messages sent (`Prepared.messages`, not the transcript). It must be
+          a valid, non-empty transcript (`InvalidTranscript` otherwise): the ratio of a
+          request with no messages says nothing about how messages are counted;
+        - tools: the tool specs sent with them;
+        - actual_prompt_tokens: the provider's own prompt-token count for that request (its
+          usage), a positive integer.
         """
         sent = validate(sent)
         if isinstance(self.counter, CalibratedCounter):

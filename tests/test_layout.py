@@ -1,9 +1,9 @@
-"""The tree shows the architecture: the library at the root of `shared`, the service's parts in
-subpackages, no import cycles, and neither FastAPI nor Celery anywhere in `shared`."""
+"""The tree follows the map of docs/design.md: packages by idea, one name for one thing."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +12,9 @@ import shared
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT / "shared"
+CODE = ("shared", "api", "worker")
+# The client's typed results mirror the API's response bodies of the same name, by design.
+MIRRORED = {"ConversationInfo", "SummaryInfo"}
 SUBPACKAGES = {
     "client",
     "commands",
@@ -109,3 +112,84 @@ def test_shared_imports_neither_fastapi_nor_celery() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def code_files() -> list[Path]:
+    """Every module of the three packages."""
+    return sorted(p for package in CODE for p in (ROOT / package).rglob("*.py"))
+
+
+def test_each_public_name_stands_for_one_thing() -> None:
+    """No two modules of `shared`, `api` and `worker` define a public class or function of the
+    same name (but the client's results that mirror the API's bodies)."""
+    where: dict[str, list[str]] = {}
+    for path in code_files():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+                where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    twins = {
+        name: paths
+        for name, paths in where.items()
+        if len(paths) > 1 and not name.startswith("_") and name not in MIRRORED
+    }
+    assert twins == {}
+
+
+def test_every_module_opens_with_a_one_line_summary() -> None:
+    """A module's docstring starts with one line, then a blank line or its end."""
+    long = []
+    for path in code_files():
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        lines = (doc or "").strip("\n").split("\n")
+        if doc is None or (len(lines) > 1 and lines[1].strip()):
+            long.append(str(path.relative_to(ROOT)))
+    assert long == []
+
+
+def map_sections() -> dict[str, str]:
+    """The subsections of docs/design.md's "The map", by heading (`shared/`, `api/`, ...)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    start = text.index("## The map")
+    end = text.index("\n## ", start + 1)
+    parts = re.split(r"^### (.+)$", text[start:end], flags=re.M)
+    return {parts[i].strip(): parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+def test_the_design_map_names_every_module_and_package() -> None:
+    """docs/design.md's map names each module at the top of `shared`, `api` and `worker` and
+    each of their subpackages, and every module it names exists."""
+    sections = map_sections()
+    for package in CODE:
+        text = sections[f"{package}/"]
+        named = set(re.findall(r"`(\w+)\.py`", text))
+        top = {p.stem for p in (ROOT / package).glob("*.py")} - {"__init__"}
+        packages = {p.parent.name for p in (ROOT / package).glob("*/__init__.py")}
+        existing = {p.stem for p in (ROOT / package).rglob("*.py")}
+        assert top - named == set(), package
+        assert {f"{name}/" for name in packages} - set(re.findall(r"`(\w+/)`", text)) == set()
+        assert named - existing == set(), package
+
+
+def test_the_api_never_imports_the_workers() -> None:
+    """`api` enqueues tasks by name: no module of it imports `worker`."""
+    found = []
+    for path in (ROOT / "api").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "worker"]
+    assert found == []
+
+
+def test_the_tests_mirror_the_packages() -> None:
+    """Every test package but the root's stands for a package of the code of the same path."""
+    tests = ROOT / "tests"
+    strays = [
+        str(p.parent.relative_to(tests))
+        for p in tests.rglob("__init__.py")
+        if p.parent != tests and not (ROOT / p.parent.relative_to(tests)).is_dir()
+    ]
+    assert strays == []

@@ -32,7 +32,11 @@ _async_sleep = asyncio.sleep  # module-level so tests can wait without waiting
 
 
 class AsyncPrefitClient(Retrying):
-    """The same API as `PrefitClient`, awaitable; use `async with` or `await aclose()`."""
+    """The same API as `PrefitClient`, awaitable; use `async with` or `await aclose()`.
+
+    Its constructor and methods take `PrefitClient`'s parameters, which its docstrings
+    describe (`transport` here is an `httpx.AsyncBaseTransport`).
+    """
 
     def __init__(
         self,
@@ -62,7 +66,10 @@ class AsyncPrefitClient(Retrying):
         format: Format = "openai",
         system: Any = None,
     ) -> AppendResult:
-        """Append messages to a conversation (created on first append)."""
+        """Append messages to a conversation (created on first append).
+
+        Parameters: as for `PrefitClient.append`.
+        """
         return await self._call(
             append_call(
                 conv_id, messages, model, expected_length, max_input_tokens, tools, format, system
@@ -82,7 +89,10 @@ class AsyncPrefitClient(Retrying):
         expected_length: int | None = None,
     ) -> AppendResult:
         """Replace a conversation's whole transcript (409 `LengthMismatch` unless the stored
-        length is `expected_length`, when given: an edit based on what was read)."""
+        length is `expected_length`, when given: an edit based on what was read).
+
+        Parameters: as for `PrefitClient.replace`.
+        """
         return await self._call(
             replace_call(
                 conv_id, messages, model, max_input_tokens, tools, format, system, expected_length
@@ -109,7 +119,10 @@ class AsyncPrefitClient(Retrying):
         format: Format = "openai",
     ) -> PreparedPrompt:
         """The prompt to send now for a stored conversation; `wait_ms` (None: the service's
-        PREFIT_DEFAULT_WAIT_MS) lets it wait that long for a due summary."""
+        PREFIT_DEFAULT_WAIT_MS) lets it wait that long for a due summary.
+
+        Parameters: as for `PrefitClient.prepare`.
+        """
         return await self._call(
             prepare_call(conv_id, model, tools, pressure, wait_ms, max_input_tokens, format)
         )
@@ -125,7 +138,10 @@ class AsyncPrefitClient(Retrying):
         format: Format = "openai",
         system: Any = None,
     ) -> PreparedPrompt:
-        """The prompt to send for a transcript the service does not store."""
+        """The prompt to send for a transcript the service does not store.
+
+        Parameters: as for `PrefitClient.prepare_messages`.
+        """
         return await self._call(
             prepare_messages_call(
                 messages, model, tools, pressure, max_input_tokens, format, system
@@ -143,7 +159,10 @@ class AsyncPrefitClient(Retrying):
         system: Any = None,
     ) -> None:
         """Report the provider's real prompt-token count for what was sent (calibration);
-        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them."""
+        with `format="anthropic"`, `messages`, `system` and `tools` as Anthropic sent them.
+
+        Parameters: as for `PrefitClient.observe`.
+        """
         await self._call(observe_call(model, messages, tools, actual_prompt_tokens, format, system))
 
     async def health(self) -> Health:

@@ -26,7 +26,10 @@ log = get_logger(__name__)
 
 
 class Retrying:
-    """The retry rules of one client: attempts, backoff, and what may be repeated."""
+    """The retry rules of one client: attempts, backoff, and what may be repeated.
+
+    - base_url, api_key, retries, backoff, max_backoff: as for `PrefitClient`.
+    """
 
     def __init__(
         self, base_url: str, api_key: str | None, retries: int, backoff: float, max_backoff: float

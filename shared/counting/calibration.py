@@ -41,7 +41,11 @@ class RatioStore(Protocol):
     def update(
         self, model: str, observed_ratio: float, smoothing: float, bounds: tuple[float, float]
     ) -> float:
-        """Fold one observed ratio into the model's ratio (see `smoothed`); return the new one."""
+        """Fold one observed ratio into the model's ratio (see `smoothed`); return the new one.
+
+        `smoothing` and `bounds` are the calibrating counter's; the service's Redis store
+        folds by its own `SettlingRule` instead.
+        """
         ...
 
 
@@ -57,7 +61,11 @@ def smoothed(
 
 
 class MemoryRatios:
-    """An in-process `RatioStore`, thread-safe, holding at most `max_models` models."""
+    """An in-process `RatioStore`, thread-safe, holding at most `max_models` models.
+
+    - max_models: how many models' ratios it holds (4096, >= 1); past it, the least recently
+      updated model is forgotten.
+    """
 
     def __init__(self, max_models: int = 4096) -> None:
         if isinstance(max_models, bool) or not isinstance(max_models, int) or max_models < 1:
@@ -106,6 +114,15 @@ class CalibratedCounter:
     request (a `prepare`) should take `scaled(model)` once and count with that, so a slow
     (networked) `RatioStore` is read once per request. A store error propagates: silently
     counting with ratio 1.0 could under-count and overflow the window.
+
+    - base: the counter it scales (None: `HeuristicCounter()`); one with only `count()` gets
+      per-message sizes derived from it;
+    - smoothing: the weight of each new observation in a model's average (0.3, in (0, 1]);
+    - bounds: (lo, hi), the ratios it ever uses: a ratio observed or read is clamped into
+      them ((0.4, 3.0); 0 < lo <= 1 <= hi);
+    - ratios: where the per-model ratios live (None: `MemoryRatios()`, this process only).
+      The service's Redis store (`RedisRatios.of(tenant)`) shares a tenant's ratios between
+      processes and folds observations by its own `SettlingRule`, not by `smoothing`.
     """
 
     def __init__(
@@ -155,8 +172,11 @@ class CalibratedCounter:
     def observe(self, model: str | None, estimated: int, actual: int) -> float:
         """Feed back one measurement; return the model's new ratio.
 
-        `estimated` must be the uncalibrated estimate (`base.count`) of exactly what was sent,
-        `actual` the provider's own prompt-token count; both must be positive integers.
+        - model: the model whose ratio it updates (None: the ratio of requests with no model);
+        - estimated: the uncalibrated estimate (`base.count`) of exactly what was sent;
+        - actual: the provider's own prompt-token count for it.
+
+        Both counts must be positive integers (`ConfigError` otherwise).
         """
         for name, value in (("estimated", estimated), ("actual", actual)):
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

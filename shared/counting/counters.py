@@ -85,7 +85,12 @@ _SHORTEST_RUN = 5
 
 
 class CachedCounter(ABC):
-    """A counter whose per-message count is a pure function of `message_key(message)`."""
+    """A counter whose per-message count is a pure function of `message_key(message)`.
+
+    - cache: where the per-message counts are kept (None: a `CountCache()` of its own);
+      counts are keyed by content alone, so share one only among counters of the same kind
+      and settings.
+    """
 
     priming = 0  # tokens added once per request (the reply's start)
 
@@ -105,7 +110,10 @@ class CachedCounter(ABC):
     def count(
         self, messages: Sequence[Message], tools: Sequence[ToolSpec] = (), model: str | None = None
     ) -> int:
-        """Tokens for sending `messages` with `tools`: known messages cost next to nothing."""
+        """Tokens for sending `messages` with `tools`: known messages cost next to nothing.
+
+        `model` is taken for the `TokenCounter` protocol; these counts do not depend on it.
+        """
         return sum(self.message_counts(messages)) + self.count_tools(tools, model) + self.priming
 
     def message_counts(self, messages: Sequence[Message], model: str | None = None) -> list[int]:
@@ -183,6 +191,11 @@ class HeuristicCounter(CachedCounter):
     when a session's mix shifts; now it counts at or a little above o200k_base. Prose and
     code (few such runs) count within a few percent of before. A density at or above
     chars_per_token adds nothing. No priming.
+
+    - chars_per_token: characters of ordinary text per token (3.5, a finite number > 0);
+    - per_message: tokens each message adds for the chat format's framing (4, an int >= 0);
+    - per_tool_call: tokens each tool call adds (8, an int >= 0);
+    - cache: as for `CachedCounter`.
     """
 
     non_ascii_byte_tokens = NON_ASCII_BYTE_TOKENS
@@ -272,6 +285,13 @@ class TiktokenCounter(CachedCounter):
     when a message has a `name`, `per_tool_call` per tool call (an estimate: no OpenAI ground
     truth to fit it), and `priming` = 3 per request for the reply's `<|start|>assistant<|message|>`.
     Other providers tokenize differently: wrap it in a `CalibratedCounter` for them.
+
+    - encoding: the tiktoken encoding's name ("o200k_base", "cl100k_base", ...);
+    - per_message: tokens each message adds (4, an int >= 0);
+    - per_tool_call: tokens each tool call adds (8, an int >= 0);
+    - directory: the folder of offline encoding files (None: `PREFIT_TIKTOKEN_DIR`, then
+      `TIKTOKEN_CACHE_DIR`); with no file for the encoding there, tiktoken loads it itself;
+    - cache: as for `CachedCounter`.
     """
 
     priming = 3

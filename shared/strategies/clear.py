@@ -11,8 +11,13 @@ PLACEHOLDER = "[tool result removed to save context]"
 class ClearToolResults:
     """Replace the content of all but the most recent `keep_last` tool results.
 
-    The calls stay, so the model still knows what it did and can call the tool again. Tool
-    results of the protected recent tail are never cleared, whatever `keep_last` says.
+    The calls stay, so the model still knows what it did and can call the tool again; only
+    the bulky output goes. Tool results of the protected recent tail are never cleared,
+    whatever `keep_last` says.
+
+    - keep_last: how many of the most recent tool results keep their content (4, >= 0);
+    - placeholder: the content that replaces the others'
+      (`"[tool result removed to save context]"`).
     """
 
     def __init__(self, keep_last: int = 4, placeholder: str = PLACEHOLDER) -> None:

@@ -24,6 +24,19 @@ class Summarize:
     model: it serves the book's record and marks the result `stale` if more is due. When the
     summarizer fails (a provider's rate limit, a timeout), the record it had is used, the
     result is marked `stale`, and the strategies after it cut instead: the request goes on.
+
+    - client: the `LLMClient` that writes the summaries (a plain call on `client`/`model`);
+      None, and no `summarize`: the policy's summarizer;
+    - model: the model `client` (or `summarize`) is called with;
+    - keep_tokens_ratio: where the summary ends: the turns left after it come to at most
+      keep_tokens_ratio x budget (0.4, within (0, 1)), the protected recent tail whatever
+      its size;
+    - chunk_tokens: the most tokens of messages one summarizer call takes (24000); a longer
+      range is folded in chunk by chunk (a larger turn group goes alone);
+    - max_summary_tokens: the `max_tokens` of each summarizer call, the summary's size
+      cap (1200);
+    - summarize: an async `(prompt, model) -> summary text` to use instead of `client`
+      (it wins when both are given).
     """
 
     def __init__(

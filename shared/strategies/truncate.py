@@ -10,7 +10,8 @@ from shared.strategies.work import Work
 
 
 def cut_text(text: str, max_chars: int, head: float) -> str:
-    """`text` shortened to about `max_chars`, keeping its start and end and saying what was cut."""
+    """`text` shortened to about `max_chars`, keeping its start and end and saying what was cut
+    (`head`: the share of `max_chars` kept from the start)."""
     if len(text) <= max_chars:
         return text
     keep_head = int(max_chars * head)
@@ -21,7 +22,16 @@ def cut_text(text: str, max_chars: int, head: float) -> str:
 
 
 class TruncateToolResults:
-    """Shorten any single tool result longer than `max_chars`, keeping its start and end."""
+    """Shorten any single tool result longer than `max_chars`, keeping its start and end.
+
+    Lossless in structure, lossy only inside very large outputs (a whole file, a big query
+    result). Only `tool` messages' text is shortened (each text part on its own).
+
+    - max_chars: the longest text a tool result keeps (8000); a longer one is cut to that
+      many characters plus a line saying how many were cut;
+    - head: the share of `max_chars` kept from the start, the rest from the end (0.7,
+      within [0, 1]).
+    """
 
     def __init__(self, max_chars: int = 8000, head: float = 0.7) -> None:
         if max_chars <= 0:

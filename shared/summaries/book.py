@@ -17,8 +17,14 @@ class SummaryRecord:
     """A summary of T[head_end:upto] of the logical transcript T.
 
     Valid for any transcript whose first `upto` messages hash to `prefix_hash`.
-    `summarizer` says what wrote it (`"extractive"` for the offline one, else
-    `"<protocol>:<model>"`); `tokens` is the summary's size as its writer counted it.
+
+    - upto: the exclusive end of the turns it stands for;
+    - prefix_hash: `prefix_hash(T[:upto])`, what it is matched by;
+    - text: the summary itself;
+    - summarizer: the `name` of the summarizer that wrote it (`"extractive"` for the offline
+      one, `"<protocol>:<model>"` for the workers' provider);
+    - tokens: the summary message's size as its writer counted it;
+    - created_at: when it was written (Unix seconds; 0.0: unknown).
     """
 
     upto: int
@@ -44,7 +50,10 @@ class SummaryRecord:
 
 @dataclass
 class SummaryBook:
-    """Summaries known for one conversation (loaded from the store, or made in this process)."""
+    """Summaries known for one conversation (loaded from the store, or made in this process).
+
+    - records: the known records, in any order.
+    """
 
     records: list[SummaryRecord] = field(default_factory=list)
 
@@ -57,8 +66,10 @@ class SummaryBook:
     ) -> SummaryRecord | None:
         """The summary covering the longest prefix of `transcript` that matches by content.
 
-        `upto_max` limits how far the record may reach; `hashes` are the transcript's
-        precomputed `prefix_hashes`, to avoid hashing it again.
+        - transcript: the conversation's messages;
+        - upto_max: the furthest a record may reach (its `upto` at most this; None: the
+          transcript's length);
+        - hashes: the transcript's precomputed `prefix_hashes`, to avoid hashing it again.
         """
         limit = len(transcript) if upto_max is None else min(upto_max, len(transcript))
         candidates = [r for r in self.records if 0 < r.upto <= limit]

@@ -72,7 +72,13 @@ _TRACE_FILE = re.compile(r'File "([^"\n]{1,200})", line \d+')
 
 
 class ExtractiveSummarizer:
-    """A `Summarizer` that needs no provider (used when none is configured)."""
+    """A `Summarizer` that needs no provider (used when none is configured).
+
+    - max_chars_per_message: the longest note taken from one message (an assistant's first
+      line, a tool call, an error line, a system message's first sentences; 240, >= 40);
+    - max_request_chars: the longest a person's own message is quoted before it is abridged
+      (1200, >= max_chars_per_message).
+    """
 
     name = "extractive"
 

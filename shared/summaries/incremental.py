@@ -140,9 +140,15 @@ async def build_record(
     hashes: Sequence[str] | None = None,
     now: float | None = None,
 ) -> Built:
-    """Summarize `transcript[start:cut]` (folding `previous`, which must end at `start`).
+    """Summarize `transcript[start:cut]` (folding `previous`, which must end in [start, cut)).
 
     Long ranges go chunk by chunk; a chunk the provider finds too long is halved and retried.
+
+    - summarizer: what writes the summary;
+    - counter, model: size the chunks and the record's `tokens`;
+    - chunk_tokens, max_summary_tokens: as for `Summarize`;
+    - hashes: the transcript's `prefix_hashes` when the caller has them;
+    - now: the record's `created_at` (None: the current time).
     """
     begin = previous.upto if previous is not None else start
     if not start <= begin < cut <= len(transcript):

@@ -11,7 +11,13 @@ from shared.messages import Message
 
 @dataclass(frozen=True)
 class Completion:
-    """One provider answer with what it cost."""
+    """One provider answer with what it cost.
+
+    - text: the answer's text;
+    - input_tokens, output_tokens: the tokens the provider billed for it;
+    - cost: what it cost (the providers' price table is in USD; 0.0: unknown or free);
+    - model: the model that answered, when known.
+    """
 
     text: str
     input_tokens: int = 0
@@ -25,7 +31,10 @@ class LLMClient(Protocol):
 
     async def complete(
         self, messages: Sequence[Message], *, model: str | None, max_tokens: int
-    ) -> Completion: ...
+    ) -> Completion:
+        """The answer to `messages` from `model` (None: the client's default), in at most
+        `max_tokens` tokens."""
+        ...
 
 
 # The reference's `summarize=` hook: (prompt, model) -> summary text.

@@ -38,13 +38,19 @@ MESSAGE_CHARS = 6000
 
 
 class Summarizer(Protocol):
-    """Folds `messages` into `previous` (None for the first range) and says what it cost."""
+    """Folds `messages` into `previous` (None for the first range) and says what it cost.
+
+    `name` is what the records it writes say wrote them (`SummaryRecord.summarizer`).
+    """
 
     name: str
 
     async def summarize(
         self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
-    ) -> Completion: ...
+    ) -> Completion:
+        """The summary that replaces `previous` and `messages` both, in at most `max_tokens`
+        tokens (a `Summarize` step's `max_summary_tokens`)."""
+        ...
 
 
 def _clip(text: str, limit: int) -> str:
@@ -92,7 +98,12 @@ def build_prompt(previous: str | None, messages: Sequence[Message], max_tokens: 
 
 
 class LLMSummarizer:
-    """Summaries written by a chat-completions provider."""
+    """Summaries written by a chat-completions provider.
+
+    - client: the `LLMClient` asked, with the summary prompt as one user message;
+    - model: the model it is asked for (None: the client's default);
+    - name: what its records say wrote them (default `"llm:<model>"`).
+    """
 
     def __init__(self, client: LLMClient, model: str | None, name: str | None = None) -> None:
         self.client = client
@@ -109,7 +120,12 @@ class LLMSummarizer:
 
 
 class FnSummarizer:
-    """The reference's `summarize=` hook: an async (prompt, model) -> text callable."""
+    """The reference's `summarize=` hook: an async (prompt, model) -> text callable.
+
+    - fn: the hook; it gets the whole summary prompt (`build_prompt`) and `model`;
+    - model: passed to `fn` as it is;
+    - name: what its records say wrote them (`"custom"`).
+    """
 
     def __init__(self, fn: SummarizeFn, model: str | None, name: str = "custom") -> None:
         self.fn = fn
