@@ -207,13 +207,10 @@ class ContextPolicy:
     def limits(self, model: str | None) -> Limits:
         """What a prepare call for `model` must achieve, in estimated tokens."""
         budget = self.budget(model)
-        s = self.summarize_params
         return Limits(
             budget=budget,
             target=int(self.target * budget),
             keep_recent=self.keep_recent,
-            chunk_tokens=s.chunk_tokens,
-            max_summary_tokens=s.max_summary_tokens,
         )
 
     def state(self, tokens: int, model: str | None) -> State:

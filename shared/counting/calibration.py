@@ -1,14 +1,14 @@
 """Calibration: scale an estimate by the ratio actual / estimated seen on real responses.
 
-The ratio is kept per model, exponentially smoothed and clamped, in a `RatioStore` (in
-memory here; the Redis store implements the same protocol with an atomic update). The
-update rule, which every store must apply exactly (see `smoothed`):
+The ratio is kept per model, exponentially smoothed and clamped, in a `RatioStore`. The
+library's rule, which `MemoryRatios` applies (see `smoothed`):
 
     r   = clamp(observed, lo, hi)
     new = r                                     for the first observation of a model
     new = clamp((1 - smoothing) * prev + smoothing * r, lo, hi)    afterwards
 
-A model of None is stored under `NO_MODEL` ("").
+A model of None is stored under `NO_MODEL` (""). The service's Redis store implements the
+same protocol with the stricter `SettlingRule` below, in one atomic update per observation.
 """
 
 from __future__ import annotations

@@ -90,8 +90,6 @@ class Limits:
     budget: int
     target: int
     keep_recent: int
-    chunk_tokens: int
-    max_summary_tokens: int
 
 
 def _always() -> bool:
