@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from api.proxy.codec import dumps
+from api.codec import dumps
 from api.proxy.dialect import tools_of
 from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of

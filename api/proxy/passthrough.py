@@ -27,10 +27,10 @@ import httpx
 from fastapi import Request, Response
 from fastapi.responses import JSONResponse
 
+from api.codec import dumps
 from api.deps import Services
 from api.logging import request_log
 from api.proxy.caller import identify
-from api.proxy.codec import dumps
 from api.proxy.dialect import Dialect
 from api.proxy.headers import passed_back, upstream_headers
 from shared.errors import NotFound

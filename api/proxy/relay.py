@@ -20,12 +20,12 @@ import httpx
 from fastapi import BackgroundTasks, Response
 from fastapi.responses import StreamingResponse
 
+from api.codec import dumps, loads
 from api.deps import Services
 from api.logging import RequestLog
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
 from api.proxy.caller import Caller
-from api.proxy.codec import dumps, loads
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers

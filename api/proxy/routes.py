@@ -18,12 +18,12 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
+from api.codec import ResentBodies
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
 from api.proxy.anthropic import CONVERSIONS, AnthropicDialect
 from api.proxy.caller import identify
-from api.proxy.codec import ResentBodies
 from api.proxy.dialect import Dialect
 from api.proxy.forward import CountRelay
 from api.proxy.openai import OpenAIDialect

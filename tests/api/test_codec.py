@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.proxy.codec import ResentBodies, loads
+from api.codec import ResentBodies, loads
 
 BIG = "x" * 400  # messages long enough that the bodies (over 64 kB) are worth remembering
 
