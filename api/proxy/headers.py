@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from api.proxy.caller import Caller
 from api.proxy.dialect import Dialect
+from api.proxy.identity import Caller
 
 # Not passed back from the upstream's answer: they describe its connection and encoding.
 HOP = frozenset(

@@ -30,9 +30,9 @@ from fastapi.responses import JSONResponse
 from api.codec import dumps
 from api.deps import Services
 from api.logging import request_log
-from api.proxy.caller import identify
 from api.proxy.dialect import Dialect
 from api.proxy.headers import passed_back, upstream_headers
+from api.proxy.identity import identify
 from shared.errors import NotFound
 from shared.logs import get_logger
 

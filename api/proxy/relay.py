@@ -25,11 +25,10 @@ from api.deps import Services
 from api.logging import RequestLog
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
-from api.proxy.caller import Caller
 from api.proxy.dialect import Dialect
 from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
-from api.proxy.identity import conversation_ids, resolved
+from api.proxy.identity import Caller, conversation_ids, resolved
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
 from api.proxy.reserve import with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough

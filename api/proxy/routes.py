@@ -23,9 +23,9 @@ from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
 from api.proxy.anthropic import CONVERSIONS, AnthropicDialect
-from api.proxy.caller import identify
 from api.proxy.dialect import Dialect
 from api.proxy.forward import CountRelay
+from api.proxy.identity import identify
 from api.proxy.openai import OpenAIDialect
 from api.proxy.passthrough import forward, gemini, not_served, unknown_route
 from api.proxy.relay import Relay

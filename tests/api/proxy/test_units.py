@@ -9,8 +9,7 @@ import pytest
 from api.auth import KeyRing
 from api.codec import dumps, loads
 from api.proxy.anthropic import AnthropicDialect, StartTap, source_index
-from api.proxy.caller import identify
-from api.proxy.identity import conversation_id, derived_id
+from api.proxy.identity import conversation_id, derived_id, identify
 from api.proxy.learned import LearnedWindows
 from api.proxy.openai import OpenAIDialect, UsageTap
 from api.proxy.overflow import (
