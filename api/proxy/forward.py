@@ -14,7 +14,7 @@ from typing import ClassVar
 import httpx
 from fastapi import Response
 
-from api.proxy.anthropic import prompt_of
+from api.proxy.dialects.anthropic import prompt_of
 from api.proxy.relay import Relay, _json
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from api.proxy.dialect import Dialect
+from api.proxy.dialects import Dialect
 from api.proxy.identity import Caller
 
 # Not passed back from the upstream's answer: they describe its connection and encoding.

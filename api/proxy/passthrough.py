@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse
 from api.codec import dumps
 from api.deps import Services
 from api.logging import request_log
-from api.proxy.dialect import Dialect
+from api.proxy.dialects import Dialect
 from api.proxy.headers import passed_back, upstream_headers
 from api.proxy.identity import identify
 from shared.errors import NotFound

@@ -25,7 +25,7 @@ from api.deps import Services
 from api.logging import RequestLog
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
-from api.proxy.dialect import Dialect
+from api.proxy.dialects import Dialect
 from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import Caller, conversation_ids, resolved

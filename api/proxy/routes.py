@@ -1,6 +1,6 @@
 """The proxy's routes: `POST /v1/chat/completions`, `POST /v1/messages` and its
 `/count_tokens` (api/proxy/forward.py), `POST /v1/responses` and its `/input_tokens`
-(api/proxy/responses.py); and the provider endpoints passed through unfitted or refused
+(api/proxy/dialects/responses.py); and the provider endpoints passed through unfitted or refused
 (api/proxy/passthrough.py).
 
 The fitted ones take the provider's own request body and answer the provider's own response, so they
@@ -22,14 +22,14 @@ from api.codec import ResentBodies
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.logging import request_log
-from api.proxy.anthropic import CONVERSIONS, AnthropicDialect
-from api.proxy.dialect import Dialect
+from api.proxy.dialects import Dialect
+from api.proxy.dialects.anthropic import CONVERSIONS, AnthropicDialect
+from api.proxy.dialects.openai import OpenAIDialect
+from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
 from api.proxy.forward import CountRelay
 from api.proxy.identity import identify
-from api.proxy.openai import OpenAIDialect
 from api.proxy.passthrough import forward, gemini, not_served, unknown_route
 from api.proxy.relay import Relay
-from api.proxy.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
 OPENAI_DIALECT = OpenAIDialect()

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from hypothesis import given, settings
 
-from api.proxy.anthropic import CONVERSIONS, AnthropicDialect, Conversions
+from api.proxy.dialects.anthropic import CONVERSIONS, AnthropicDialect, Conversions
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
 from shared.formats.anthropic import unmarked

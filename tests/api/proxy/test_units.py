@@ -8,10 +8,10 @@ import pytest
 
 from api.auth import KeyRing
 from api.codec import dumps, loads
-from api.proxy.anthropic import AnthropicDialect, StartTap, source_index
+from api.proxy.dialects.anthropic import AnthropicDialect, StartTap, source_index
+from api.proxy.dialects.openai import OpenAIDialect, UsageTap
 from api.proxy.identity import conversation_id, derived_id, identify
 from api.proxy.learned import LearnedWindows
-from api.proxy.openai import OpenAIDialect, UsageTap
 from api.proxy.overflow import (
     FLOOR,
     SHRINK,

@@ -18,7 +18,7 @@ from itertools import chain
 from typing import Any
 
 from api.codec import dumps
-from api.proxy.dialect import tools_of
+from api.proxy.dialects import tools_of
 from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC

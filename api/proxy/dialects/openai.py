@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api.proxy.dialect import tools_of
+from api.proxy.dialects import tools_of
 from api.proxy.overflow import Overflow, openai_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import OPENAI

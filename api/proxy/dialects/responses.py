@@ -22,10 +22,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from api.proxy.dialect import tools_of
+from api.proxy.dialects import tools_of
+from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.fitting import Fit
 from api.proxy.forward import CountRelay
-from api.proxy.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
 from api.proxy.relay import Relay
 from api.proxy.streaming import Opened, Tap, data_of, error_event
