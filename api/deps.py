@@ -36,7 +36,7 @@ from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
-from api.proxy.learned import LearnedWindows
+from api.proxy.overflow import LearnedWindows
 from api.proxy.upstream import Transport
 from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter

@@ -20,7 +20,7 @@ from api.enqueue import Claim
 from api.logging import RequestLog
 from api.policies import Window, make_policy
 from api.prepare import Preparer
-from api.proxy.reserve import LoweredReply, lowered_reply, requested_output, usable
+from api.proxy.overflow import LoweredReply, lowered_reply, requested_output, usable
 from api.proxy.transcripts import Opened, open_conversation, sync
 from shared.errors import DoesNotFit, PrefitError, StoreUnavailable
 from shared.logs import get_logger
@@ -52,7 +52,7 @@ class Fit:
 def with_reply(fit: Fit, window: Window, body: Mapping[str, Any]) -> Fit:
     """`fit` with the reply `body` asks for lowered to what the fitted prompt leaves of
     `window` when prompt + reply would exceed it (the provider would refuse it), if the
-    rule allows (api/proxy/reserve.py); as it is otherwise."""
+    rule allows (api/proxy/overflow.py, `lowered_reply`); as it is otherwise."""
     asked = requested_output(body)
     prompt = int(fit.report["tokens_after"])
     if asked is None or prompt + asked <= window.max_input_tokens:
@@ -147,7 +147,7 @@ class Fitter:
         prompt + max_tokens over the window; none when it asks for none), keeping only the
         last turn if need be, rather than forwarding a prompt over the window. When even
         that leaves less room than the reply asked for, the same with the reply lowered to
-        what the window leaves (api/proxy/reserve.py; the fit's `reply` says so).
+        what the window leaves (api/proxy/overflow.py, `lowered_reply`; the fit's `reply` says so).
         `DoesNotFit` when even that fails."""
         asked = requested_output(body)
         whole = self.window.max_input_tokens

@@ -29,8 +29,7 @@ from api.proxy.dialects import Dialect
 from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import Caller, conversation_ids, resolved
-from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
-from api.proxy.reserve import with_reply_room
+from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure, with_reply_room
 from api.proxy.streaming import Opened, Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
@@ -260,7 +259,7 @@ class Relay:
 
     async def _learn(self, overflow: Overflow) -> Fit | None:
         """After an overflow of a request sent unfitted for want of a window: the fit to the
-        window the error states (api/proxy/learned.py); None when there is none."""
+        window the error states (`LearnedWindows`); None when there is none."""
         if self.label != f"skipped ({UNKNOWN})" or self.retries >= MAX_RETRIES:
             return None
         window = self.svc.learned.learn(

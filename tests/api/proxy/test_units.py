@@ -11,11 +11,11 @@ from api.codec import dumps, loads
 from api.proxy.dialects.anthropic import AnthropicDialect, StartTap, source_index
 from api.proxy.dialects.openai import OpenAIDialect, UsageTap
 from api.proxy.identity import conversation_id, derived_id, identify
-from api.proxy.learned import LearnedWindows
 from api.proxy.overflow import (
     FLOOR,
     SHRINK,
     STEP,
+    LearnedWindows,
     Overflow,
     anthropic_figures,
     next_pressure,
