@@ -30,7 +30,7 @@ from api.proxy.fitting import Fit, Fitter, with_reply
 from api.proxy.headers import passed_back, prefit_headers, upstream_headers
 from api.proxy.identity import Caller, conversation_ids, resolved
 from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure, with_reply_room
-from api.proxy.streaming import Opened, Tap, error_event, passthrough
+from api.proxy.streaming import OpenedStream, Tap, error_event, passthrough
 from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
 from shared.logs import get_logger
 from shared.messages import Message
@@ -96,7 +96,7 @@ class Relay:
                 self.rec.upstream_ms = round((self.rec.upstream_ms or 0.0) + waited, 3)
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
-                opened = Opened(upstream)
+                opened = OpenedStream(upstream)
                 overflow = await self._stream_overflow(opened)
                 retried = await self._after(fit, overflow)
                 if retried is None:
@@ -115,7 +115,7 @@ class Relay:
                 continue
             return self._answered(upstream, content, answer, fit)
 
-    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+    async def _stream_overflow(self, opened: OpenedStream) -> Overflow | None:
         """A context-length error the provider reports inside a stream it opened, read
         ahead before any event is passed on; None (nothing read) where none comes so."""
         return None
@@ -315,7 +315,9 @@ class Relay:
             background=self.background,
         )
 
-    def _streamed(self, upstream: httpx.Response, fit: Fit | None, opened: Opened) -> Response:
+    def _streamed(
+        self, upstream: httpx.Response, fit: Fit | None, opened: OpenedStream
+    ) -> Response:
         tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
         if fit is not None:
             self.background.add_task(self._observe_stream, fit, tap)

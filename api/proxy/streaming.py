@@ -79,7 +79,7 @@ def error_event(body: Any) -> bytes:
     return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
 
-class Opened:
+class OpenedStream:
     """A stream whose first events may be read before any is passed on (to see an error the
     provider reports in the stream before its output), then the rest as it comes."""
 
@@ -108,11 +108,11 @@ async def passthrough(
     tap: Tap,
     rec: RequestLog,
     broken: bytes = b"",
-    opened: Opened | None = None,
+    opened: OpenedStream | None = None,
 ) -> AsyncIterator[bytes]:
     """The upstream's events, as they arrive (after those `opened` read ahead), less those
     `tap` drops; `broken` if the upstream breaks off."""
-    opened = opened if opened is not None else Opened(response)
+    opened = opened if opened is not None else OpenedStream(response)
     events = opened.events
     try:
         kept = [e for e in opened.read if tap.keep(e)]

@@ -28,7 +28,7 @@ from api.proxy.fitting import Fit
 from api.proxy.forward import CountRelay
 from api.proxy.overflow import Overflow
 from api.proxy.relay import Relay
-from api.proxy.streaming import Opened, Tap, data_of, error_event
+from api.proxy.streaming import OpenedStream, Tap, data_of, error_event
 from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
 from shared.messages import Message, ToolSpec
@@ -130,7 +130,7 @@ class ResponsesRelay(Relay):
         error = self.dialect.error(502, f"{self.dialect.name} upstream broke off the stream")
         return error_event({**error["error"], "type": "error", "error": error["error"]})
 
-    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+    async def _stream_overflow(self, opened: OpenedStream) -> Overflow | None:
         """OpenAI may refuse a streamed request over the window in the stream itself: a
         `response.failed` event whose error is `context_length_exceeded`, after
         `response.created`. The events before the output are read ahead to see it."""
