@@ -8,7 +8,6 @@ the overflow retries, and whether Redis was unreachable (docs/api.md, "Response 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from api.proxy.dialects import Dialect
 from api.proxy.identity import Caller
@@ -48,23 +47,3 @@ def upstream_headers(
 def passed_back(upstream: Mapping[str, str]) -> dict[str, str]:
     """The upstream answer's headers the client gets (rate limits, request ids, ...)."""
     return {k: v for k, v in upstream.items() if k.lower() not in HOP}
-
-
-def prefit_headers(
-    label: str, retries: int, conv_id: str | None, report: dict[str, Any] | None
-) -> dict[str, str]:
-    """The `x-prefit-*` headers of an answer; `report` is prepare's (None: not fitted)."""
-    out = {"x-prefit-fit": label, "x-prefit-retries": str(retries)}
-    if conv_id is not None:
-        out["x-prefit-conversation"] = conv_id
-    if report is None:
-        return out
-    out["x-prefit-tokens-before"] = str(report.get("tokens_before"))
-    out["x-prefit-tokens-after"] = str(report.get("tokens_after"))
-    out["x-prefit-stale"] = "true" if report.get("stale") else "false"
-    summary = report.get("summary")
-    if isinstance(summary, dict):
-        out["x-prefit-summary-upto"] = str(summary.get("upto"))
-    if report.get("degraded"):
-        out["x-prefit-degraded"] = "true"
-    return out

@@ -26,10 +26,9 @@ from api.proxy.dialects import Dialect
 from api.proxy.dialects.anthropic import CONVERSIONS, AnthropicDialect
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
-from api.proxy.forward import CountRelay
 from api.proxy.identity import identify
 from api.proxy.passthrough import forward, gemini, not_served, unknown_route
-from api.proxy.relay import Relay
+from api.proxy.relay import CountRelay, Relay
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
 OPENAI_DIALECT = OpenAIDialect()

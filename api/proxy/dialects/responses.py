@@ -24,10 +24,8 @@ from typing import Any, ClassVar
 
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
-from api.proxy.fitting import Fit
-from api.proxy.forward import CountRelay
 from api.proxy.overflow import Overflow
-from api.proxy.relay import Relay
+from api.proxy.relay import CountRelay, Fit, Relay
 from api.proxy.streaming import OpenedStream, Tap, data_of, error_event
 from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
