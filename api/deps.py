@@ -37,7 +37,7 @@ from api.logging import request_log
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
 from api.proxy.overflow import LearnedWindows
-from api.proxy.upstream import Transport
+from api.proxy.upstream import UpstreamClients
 from shared.calibration import ScaledCounter
 from shared.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
@@ -120,7 +120,7 @@ class Services:
             self.metrics.aggregate(self.settings.metrics_dir)
         self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
-        self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
+        self.upstream_clients = UpstreamClients(self.settings)  # the proxy's upstreams
         self.learned = LearnedWindows()  # the proxy's windows of unconfigured models
         self.openings = Openings()  # the proxy's memory of tenants' repeated openings
         # transcripts resent every turn (the proxy's) are validated in O(new)
@@ -196,7 +196,7 @@ class Services:
             found = self._aclients.pop(asyncio.get_running_loop(), None)
         if found is not None:
             await found.aclose()
-        await self.transport.aclose()
+        await self.upstream_clients.aclose()
 
     def broker(self) -> BrokerCheck:
         """The broker's check (readiness and queue depth; Redis or RabbitMQ), made on first use."""

@@ -63,7 +63,6 @@ from api.policies import Window, make_policy, resolve_window
 from api.prepare import Preparer
 from api.proxy.dialects import Dialect
 from api.proxy.dialects.anthropic import prompt_of
-from api.proxy.headers import passed_back, upstream_headers
 from api.proxy.identity import Caller, conversation_ids, resolved
 from api.proxy.overflow import (
     FLOOR,
@@ -78,6 +77,7 @@ from api.proxy.overflow import (
     with_reply_room,
 )
 from api.proxy.streaming import OpenedStream, Tap, error_event, passthrough
+from api.proxy.upstream import passed_back, unreachable, upstream_headers
 from shared.errors import (
     ConfigError,
     DoesNotFit,
@@ -425,7 +425,7 @@ class Relay:
             body = self._body(fit)
             started = time.perf_counter()
             try:
-                upstream = await self.svc.transport.send(
+                upstream = await self.svc.upstream_clients.send(
                     self.dialect.name, self._upstream_headers(), body, self.endpoint
                 )
             except httpx.TransportError as exc:
@@ -635,7 +635,7 @@ class Relay:
         return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
-        key = self.svc.transport.upstreams[self.dialect.name].key
+        key = self.svc.upstream_clients.upstreams[self.dialect.name].key
         return upstream_headers(self.dialect, self.caller, key, self.headers)
 
     # --- the answer ----------------------------------------------------------------------
@@ -673,12 +673,8 @@ class Relay:
         return error_event(self.dialect.error(502, message))
 
     def _unreachable(self, exc: httpx.TransportError, fit: Fit | None) -> Response:
-        timeout = isinstance(exc, httpx.TimeoutException)
-        status = 504 if timeout else 502
-        self.rec.error = "UpstreamTimeout" if timeout else "UpstreamUnreachable"
-        log.warning("proxy.upstream_failed", upstream=self.dialect.name, error=type(exc).__name__)
+        status, message = unreachable(exc, self.dialect.name, self.rec)
         self._settle()
-        message = f"{self.dialect.name} upstream {'timed out' if timeout else 'unreachable'}"
         return Response(
             dumps(self.dialect.error(status, message)),
             status_code=status,
@@ -732,11 +728,13 @@ class CountRelay(Relay):
 
     async def run(self) -> Response:
         fit = await self._first_fit()
-        url = self.svc.transport.upstreams[self.dialect.name].root + self.count_path
-        client = self.svc.transport.client(self.dialect.name)
         try:
-            upstream = await client.post(
-                url, headers=self._upstream_headers(), content=self._body(fit)
+            upstream = await self.svc.upstream_clients.request(
+                self.dialect.name,
+                "POST",
+                self.count_path,
+                self._upstream_headers(),
+                self._body(fit),
             )
         except httpx.TransportError as exc:
             return self._unreachable(exc, fit)
