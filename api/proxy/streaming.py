@@ -107,12 +107,11 @@ async def passthrough(
     response: httpx.Response,
     tap: Tap,
     rec: RequestLog,
-    broken: bytes = b"",
-    opened: OpenedStream | None = None,
+    broken: bytes,
+    opened: OpenedStream,
 ) -> AsyncIterator[bytes]:
     """The upstream's events, as they arrive (after those `opened` read ahead), less those
     `tap` drops; `broken` if the upstream breaks off."""
-    opened = opened if opened is not None else OpenedStream(response)
     events = opened.events
     try:
         kept = [e for e in opened.read if tap.keep(e)]

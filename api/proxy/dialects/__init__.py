@@ -72,3 +72,13 @@ def tools_of(body: Mapping[str, Any]) -> list[ToolSpec]:
     """The request's tool definitions as sent (for counting)."""
     tools = body.get("tools")
     return list(tools) if isinstance(tools, list) else []
+
+
+def error_fields(answer: Any) -> tuple[str, str]:
+    """(code, message) of a provider's error body (`{"error": {"message", ...}}`, OpenAI's
+    with a `code`), empty strings where absent."""
+    err = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(err, dict):
+        return "", ""
+    code, message = err.get("code"), err.get("message")
+    return (code if isinstance(code, str) else ""), (message if isinstance(message, str) else "")
