@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from api.proxy.codec import dumps, loads
+from api.codec import dumps, loads
 from api.views import known_tail_start
 from shared.errors import NotFound
 from shared.hashing import EMPTY, canonical, extend_chain

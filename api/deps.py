@@ -34,13 +34,12 @@ from api.cache import ConversationCache
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
-from api.proxy.learned import LearnedWindows
-from api.proxy.upstream import Transport
+from api.proxy.overflow import LearnedWindows
+from api.proxy.upstream import UpstreamClients
 from api.ratios import CachedRatios
 from api.requestlog import request_log
 from shared.counting.calibration import ScaledCounter
-from shared.counting.counters import HeuristicCounter
-from shared.counting.protocol import TokenCounter
+from shared.counting.counters import HeuristicCounter, TokenCounter
 from shared.settings import Settings
 from shared.store import Store, keys
 from shared.store.client import Client
@@ -121,7 +120,7 @@ class Services:
             self.metrics.aggregate(self.settings.metrics_dir)
         self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
-        self.transport = Transport(self.settings)  # the proxy's upstreams (api/proxy)
+        self.upstream_clients = UpstreamClients(self.settings)  # the proxy's upstreams
         self.learned = LearnedWindows()  # the proxy's windows of unconfigured models
         self.openings = Openings()  # the proxy's memory of tenants' repeated openings
         # transcripts resent every turn (the proxy's) are validated in O(new)
@@ -197,7 +196,7 @@ class Services:
             found = self._aclients.pop(asyncio.get_running_loop(), None)
         if found is not None:
             await found.aclose()
-        await self.transport.aclose()
+        await self.upstream_clients.aclose()
 
     def broker(self) -> BrokerCheck:
         """The broker's check (readiness and queue depth; Redis or RabbitMQ), made on first use."""

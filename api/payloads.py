@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from api.cache import Loaded
-from api.proxy.codec import dumps
+from api.codec import dumps
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic, tools_from_anthropic
 from shared.messages import Message, ToolSpec, validate

@@ -39,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from api.proxy.anthropic import ERROR_TYPES
+from api.proxy.dialects.anthropic import ERROR_TYPES
 
 GATE_TIMEOUT_S = 10.0
 

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from api.proxy.anthropic import ERROR_TYPES
+from api.proxy.dialects.anthropic import ERROR_TYPES
 from shared.counting.counters import HeuristicCounter
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic

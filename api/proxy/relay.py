@@ -7,37 +7,357 @@ body, plus the `x-prefit-*` headers. A context-length error is retried at a lowe
 at most `MAX_RETRIES` times, so the client sees only the answer that succeeded; every other
 answer (4xx, 5xx, 429 with its `Retry-After`) goes back as it came. After the answer the
 store is synced to the transcript and the provider's prompt count is fed to calibration.
+
+The fit (`Fitter`) is the stored prepare of the transcript, at any pressure. Under the
+trigger the transcript goes as it is without the store being read. Over it, the transcript
+is opened against the store once (`open_conversation`) and fitted by `Preparer.fit`, the
+stored prepare itself: the best cached summary record and the cheap strategies, never an LLM
+call, never a wait. A retry after an overflow fits the same transcript again at a lower
+pressure. Without Redis the request is still fitted, from the cheap strategies and the last
+calibration ratio seen (`degraded`). After the answer, `settle` syncs the store to the
+transcript and sends the summary jobs claimed on the way.
+
+The transcript against the stored conversation (`open_conversation`, `sync`). Clients resend
+the whole transcript each turn, so the stored one is almost always a prefix of it.
+`open_conversation` reads the stored transcript (from the API's cache, asking Redis only for
+what the cache lacks) and compares it with the request's (C-level list equality): when it is
+a prefix, the request's transcript is the stored one plus the new messages, with the stored
+prefix hashes extended by those only, and the stored conversation's best summary record
+applies to it. Otherwise (a new conversation, an edit, a regeneration) the prefix hashes are
+computed afresh and the tenant's longest record for a prefix of it is looked up.
+
+`sync` then makes the store hold exactly the request's transcript: it runs after the answer,
+off the request's path, since the fit already works on the transcript as it will be stored.
+
+Token counts (`CountRelay`): Anthropic's `POST /v1/messages/count_tokens` is fitted as
+`POST /v1/messages` is, then forwarded: a client that counts before it sends (to decide
+whether to compact, or whether the request fits) gets the provider's count of the prompt
+prefit would send, not of the transcript it holds; the count also calibrates prefit's
+estimates, as a usage does. It is never retried, and it answers with the provider's own
+status, body and headers.
+
+The `x-prefit-*` headers of an answer (`prefit_headers`): `x-prefit-fit` says what was done
+(`applied`, `unchanged`, `skipped (<reason>)`), then the conversation id, prepare's figures,
+the summary used, whether one is due and not ready, the overflow retries, and whether Redis
+was unreachable (docs/api.md, "Response headers").
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import httpx
 from fastapi import BackgroundTasks, Response
 from fastapi.responses import StreamingResponse
 
+from api.cache import EMPTY_LOADED, Loaded
+from api.codec import dumps, loads
+from api.conversations import Conversations, Sizes
 from api.deps import Services
+from api.enqueue import Reservation
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
-from api.proxy.caller import Caller
-from api.proxy.codec import dumps, loads
-from api.proxy.dialect import Dialect
-from api.proxy.fitting import Fit, Fitter, with_reply
-from api.proxy.headers import passed_back, prefit_headers, upstream_headers
-from api.proxy.identity import conversation_ids, resolved
-from api.proxy.overflow import FLOOR, MAX_RETRIES, STEP, Overflow, next_pressure
-from api.proxy.reserve import with_reply_room
-from api.proxy.streaming import Opened, Tap, error_event, passthrough
+from api.proxy.dialects import Dialect
+from api.proxy.dialects.anthropic import prompt_of
+from api.proxy.identity import Caller, conversation_ids, resolved
+from api.proxy.overflow import (
+    FLOOR,
+    MAX_RETRIES,
+    STEP,
+    LoweredReply,
+    Overflow,
+    lowered_reply,
+    next_pressure,
+    requested_output,
+    usable,
+    with_reply_room,
+)
+from api.proxy.streaming import OpenedStream, Tap, error_event, passthrough
+from api.proxy.upstream import passed_back, upstream_failure, upstream_headers
 from api.requestlog import RequestLog
-from shared.errors import ConfigError, DoesNotFit, InvalidTranscript, PrefitError, UnknownModel
+from shared.errors import (
+    ConfigError,
+    DoesNotFit,
+    InvalidTranscript,
+    NotFound,
+    PrefitError,
+    StoreUnavailable,
+    UnknownModel,
+)
+from shared.hashing import canonical, extend_chain, prefix_hashes
 from shared.logs import get_logger
-from shared.messages import Message
+from shared.messages import Message, ToolSpec
+from shared.reports import new_report
+from shared.service.windows import service_policy
+from shared.summaries.book import SummaryRecord
 
 log = get_logger(__name__)
+
+# --- the transcript against the store -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A request's transcript as the stored prepare sees it once synced."""
+
+    loaded: Loaded
+    best: SummaryRecord | None
+
+
+async def open_conversation(
+    svc: Services, tenant: str, conv_id: str, messages: list[Message], window: Window
+) -> Opened:
+    """`messages` against the stored conversation `conv_id` (`StoreUnavailable` without Redis)."""
+    try:
+        stored, best = await svc.cache.aload(tenant, conv_id, svc.increments())
+    except NotFound:
+        stored, best = EMPTY_LOADED, None
+    k = stored.length
+    if _extends(messages, stored):
+        new = messages[k:]
+        if not new:
+            return Opened(stored, best)
+        hashes = extend_chain(stored.hashes[-1], new)
+        return Opened(stored.extended(new, [canonical(m) for m in new], hashes), best)
+    raw = [canonical(m) for m in messages]
+    loaded = Loaded(list(messages), raw, prefix_hashes(messages), sum(map(len, raw)))
+    best = await Preparer(svc).record_for(tenant, window, messages, loaded.hashes)
+    return Opened(loaded, best)
+
+
+def _extends(messages: list[Message], stored: Loaded) -> bool:
+    """Whether `messages` begin with the (non-empty) stored transcript: C-level equality."""
+    k = stored.length
+    return bool(k) and k <= len(messages) and messages[:k] == stored.messages
+
+
+def sync(
+    svc: Services,
+    tenant: str,
+    conv_id: str,
+    messages: list[Message],
+    *,
+    window: Window,
+    tools: list[ToolSpec],
+    hashes: list[str] | None = None,
+) -> Sizes:
+    """Make the stored conversation `conv_id` hold exactly `messages` (sync: threadpool):
+    `Conversations.sync`, which appends only what is new when the stored transcript is a
+    prefix (compared by prefix hash, atomically), and replaces it otherwise. The transcript
+    is validated first: a request forwarded unchecked never stores a malformed one. It is
+    the one the request validated as frozen (`Relay._checked`), so that is an identity check."""
+    validated = svc.validated.validate_with(messages, None, frozen=True)[0]
+    return Conversations(svc).sync(tenant, conv_id, validated, window, tools, hashes=hashes)
+
+
+# --- the fit ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The messages to send, prepare's report on them, the calibration ratio it used, and
+    the reply the request may use when it had to be lowered for them."""
+
+    messages: list[Message]
+    report: dict[str, Any]
+    ratio: float = 1.0
+    reply: LoweredReply | None = None  # the reply it leaves room for, when lowered
+
+    @property
+    def estimated(self) -> int:
+        """The uncalibrated estimate of the prompt (what calibration compares with the
+        provider's count), from the report: within a token or two of counting it again."""
+        after, pressure = float(self.report["tokens_after"]), float(self.report["pressure"])
+        return round(after * pressure / self.ratio)
+
+
+def with_reply(fit: Fit, window: Window, body: Mapping[str, Any]) -> Fit:
+    """`fit` with the reply `body` asks for lowered to what the fitted prompt leaves of
+    `window` when prompt + reply would exceed it (the provider would refuse it), if the
+    rule allows (api/proxy/overflow.py, `lowered_reply`); as it is otherwise."""
+    asked = requested_output(body)
+    prompt = int(fit.report["tokens_after"])
+    if asked is None or prompt + asked <= window.max_input_tokens:
+        return fit
+    lowered = lowered_reply(body, usable(window) - prompt)
+    return fit if lowered is None else replace(fit, reply=lowered)
+
+
+@dataclass
+class Fitter:
+    """Fits one request's transcript (`first`, then `at` a lower pressure after an overflow),
+    and syncs the store to it after the answer (`settle`)."""
+
+    svc: Services
+    tenant: str
+    conv_id: str
+    messages: list[Message]
+    tools: list[ToolSpec]
+    window: Window
+    rec: RequestLog
+    opened: Opened | None = None  # what the store holds, once read
+    degraded: bool = False  # Redis was unreachable: cheap strategies only
+    preambles: frozenset[str] = frozenset()  # the tenant's learned ones (store/openings.py)
+    claims: list[Reservation] = field(default_factory=list)  # summary jobs to send after the sync
+
+    async def first(self) -> Fit:
+        """The fit at pressure 1.
+
+        Under the trigger the stored prepare sends the transcript as it is, whatever the
+        store holds, so then the store is not read on the request's path at all: the
+        transcript is measured as prepare measures it, and synced after the answer.
+        """
+        try:
+            counter = await Preparer(self.svc).counter_for(self.tenant, self.window.model)
+        except StoreUnavailable:
+            self._degrade()
+            return await self._cheap(1.0)
+        policy = self.svc.policies.get(self.window, counter).heading(self.preambles)
+        limits = policy.limits(self.window.model)
+        tokens = policy.tokens(  # named and frozen as the stored prepare's (api/prepare.py)
+            self.messages,
+            tools=self.tools,
+            model=self.window.model,
+            conversation=(self.tenant, self.conv_id),
+            frozen=True,
+        )
+        if tokens <= policy.trigger * limits.budget:
+            report = new_report(limits, policy.trigger, tokens, 1.0, policy.head(self.messages))
+            report["degraded"] = False
+            return Fit(self.messages, report, counter.ratio)
+        return await self.at(1.0)
+
+    async def open(self) -> None:
+        """Read what the store holds of the conversation (nothing, without Redis)."""
+        try:
+            self.opened = await open_conversation(
+                self.svc, self.tenant, self.conv_id, self.messages, self.window
+            )
+        except StoreUnavailable:
+            self._degrade()
+
+    async def at(self, pressure: float) -> Fit:
+        """The fit at `pressure` (`DoesNotFit` when even the head and recent turns exceed)."""
+        if self.opened is None and not self.degraded:
+            await self.open()
+        if self.opened is not None:
+            try:
+                ratio = (await Preparer(self.svc).counter_for(self.tenant, self.window.model)).ratio
+                fitted = await Preparer(self.svc).fit(
+                    self.tenant,
+                    self.conv_id,
+                    self.opened.loaded,
+                    self.opened.best,
+                    self.tools,
+                    self.window,
+                    pressure=pressure,
+                    wait_ms=0,
+                    rec=self.rec,
+                    preambles=self.preambles,
+                )
+            except StoreUnavailable:
+                self._degrade()
+            else:
+                if fitted.claim is not None:
+                    self.claims.append(fitted.claim)
+                return Fit(fitted.prepared.messages, fitted.report, ratio)
+        return await self._cheap(pressure)
+
+    async def last_chance(self, body: Mapping[str, Any]) -> Fit:
+        """The fit when the head and recent turns exceed the budget: the cheap strategies to
+        the whole input window less only the reply `body` asks for (providers refuse
+        prompt + max_tokens over the window; none when it asks for none), keeping only the
+        last turn if need be, rather than forwarding a prompt over the window. When even
+        that leaves less room than the reply asked for, the same with the reply lowered to
+        what the window leaves (api/proxy/overflow.py, `lowered_reply`; the fit's `reply` says so).
+        `DoesNotFit` when even that fails."""
+        asked = requested_output(body)
+        whole = self.window.max_input_tokens
+        reply = min(asked, whole - 1) if asked is not None else 0
+        error: DoesNotFit | None = None
+        deepest: dict[int, int] = {}  # keep -> the least prompt the strategies reach
+        for keep in self._keeps():
+            try:
+                return await self._to_window(keep, whole, reply)
+            except DoesNotFit as exc:
+                error, deepest[keep] = exc, exc.tokens
+        for keep in self._keeps():
+            lowered = lowered_reply(body, usable(self.window) - deepest[keep])
+            if lowered is None:
+                continue
+            try:  # the reply is lowered to what this fit leaves (`with_reply`)
+                return await self._to_window(keep, usable(self.window), lowered.sent)
+            except DoesNotFit:
+                continue
+        assert error is not None
+        raise error
+
+    def _keeps(self) -> tuple[int, ...]:
+        """The recent turns kept, then only the last one."""
+        return (self.svc.settings.keep_recent, 1)
+
+    async def _to_window(self, keep: int, window: int, reply: int) -> Fit:
+        """The cheap strategies' fit to `window` less `reply`, keeping `keep` recent turns."""
+        counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
+        settings = self.svc.settings.model_copy(update={"keep_recent": keep})
+        policy = service_policy(settings, window, reply, counter).heading(self.preambles)
+        prepared = await policy.prepare(self.messages, tools=self.tools, model=self.window.model)
+        report = dict(prepared.report or {})
+        report["degraded"] = self.degraded
+        return Fit(prepared.messages, report, counter.ratio)
+
+    def settle(self) -> None:
+        """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""
+        hashes = self.opened.loaded.hashes if self.opened is not None else None
+        try:
+            sizes = sync(
+                self.svc,
+                self.tenant,
+                self.conv_id,
+                self.messages,
+                window=self.window,
+                tools=self.tools,
+                hashes=hashes,
+            )
+        except (PrefitError, RecursionError) as exc:  # the answer stands; the next request
+            # syncs again (RecursionError: nested deeper than hashing recurses on this thread)
+            log.warning(
+                "proxy.sync_failed",
+                tenant=self.tenant,
+                conversation_id=self.conv_id,
+                error=type(exc).__name__,
+            )
+            return
+        if sizes.claim is not None:
+            self.claims.append(sizes.claim)
+        for claim in self.claims:
+            self.svc.trigger.send(claim)
+
+    def _degrade(self) -> None:
+        self.opened = None
+        self.degraded = True
+        self.rec.degraded = True
+        log.warning("proxy.degraded", tenant=self.tenant, conversation_id=self.conv_id)
+
+    async def _cheap(self, pressure: float) -> Fit:
+        """The fit without Redis: cheap strategies, the last ratio seen for the model."""
+        counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
+        window = self.window
+        policy = service_policy(
+            self.svc.settings, window.max_input_tokens, window.reserve_output, counter
+        ).heading(self.preambles)
+        prepared = await policy.prepare(
+            self.messages, tools=self.tools, model=self.window.model, pressure=pressure
+        )
+        report = dict(prepared.report or {})
+        report["degraded"] = True
+        return Fit(prepared.messages, report, counter.ratio)
+
+
+# --- the relay ----------------------------------------------------------------------------
 
 UNKNOWN = "unknown model"
 
@@ -52,6 +372,26 @@ def _json(content: bytes) -> Any:
         return loads(content)
     except ValueError:
         return None
+
+
+def prefit_headers(
+    label: str, retries: int, conv_id: str | None, report: dict[str, Any] | None
+) -> dict[str, str]:
+    """The `x-prefit-*` headers of an answer; `report` is prepare's (None: not fitted)."""
+    out = {"x-prefit-fit": label, "x-prefit-retries": str(retries)}
+    if conv_id is not None:
+        out["x-prefit-conversation"] = conv_id
+    if report is None:
+        return out
+    out["x-prefit-tokens-before"] = str(report.get("tokens_before"))
+    out["x-prefit-tokens-after"] = str(report.get("tokens_after"))
+    out["x-prefit-stale"] = "true" if report.get("stale") else "false"
+    summary = report.get("summary")
+    if isinstance(summary, dict):
+        out["x-prefit-summary-upto"] = str(summary.get("upto"))
+    if report.get("degraded"):
+        out["x-prefit-degraded"] = "true"
+    return out
 
 
 @dataclass
@@ -88,7 +428,7 @@ class Relay:
             body = self._body(fit)
             started = time.perf_counter()
             try:
-                upstream = await self.svc.transport.send(
+                upstream = await self.svc.upstream_clients.send(
                     self.dialect.name, self._upstream_headers(), body, self.endpoint
                 )
             except httpx.TransportError as exc:
@@ -98,7 +438,7 @@ class Relay:
                 self.rec.upstream_ms = round((self.rec.upstream_ms or 0.0) + waited, 3)
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
-                opened = Opened(upstream)
+                opened = OpenedStream(upstream)
                 overflow = await self._stream_overflow(opened)
                 retried = await self._after(fit, overflow)
                 if retried is None:
@@ -117,7 +457,7 @@ class Relay:
                 continue
             return self._answered(upstream, content, answer, fit)
 
-    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+    async def _stream_overflow(self, opened: OpenedStream) -> Overflow | None:
         """A context-length error the provider reports inside a stream it opened, read
         ahead before any event is passed on; None (nothing read) where none comes so."""
         return None
@@ -261,7 +601,7 @@ class Relay:
 
     async def _learn(self, overflow: Overflow) -> Fit | None:
         """After an overflow of a request sent unfitted for want of a window: the fit to the
-        window the error states (api/proxy/learned.py); None when there is none."""
+        window the error states (`LearnedWindows`); None when there is none."""
         if self.label != f"skipped ({UNKNOWN})" or self.retries >= MAX_RETRIES:
             return None
         window = self.svc.learned.learn(
@@ -298,7 +638,7 @@ class Relay:
         return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
-        key = self.svc.transport.upstreams[self.dialect.name].key
+        key = self.svc.upstream_clients.upstreams[self.dialect.name].key
         return upstream_headers(self.dialect, self.caller, key, self.headers)
 
     # --- the answer ----------------------------------------------------------------------
@@ -317,7 +657,9 @@ class Relay:
             background=self.background,
         )
 
-    def _streamed(self, upstream: httpx.Response, fit: Fit | None, opened: Opened) -> Response:
+    def _streamed(
+        self, upstream: httpx.Response, fit: Fit | None, opened: OpenedStream
+    ) -> Response:
         tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
         if fit is not None:
             self.background.add_task(self._observe_stream, fit, tap)
@@ -334,12 +676,8 @@ class Relay:
         return error_event(self.dialect.error(502, message))
 
     def _unreachable(self, exc: httpx.TransportError, fit: Fit | None) -> Response:
-        timeout = isinstance(exc, httpx.TimeoutException)
-        status = 504 if timeout else 502
-        self.rec.error = "UpstreamTimeout" if timeout else "UpstreamUnreachable"
-        log.warning("proxy.upstream_failed", upstream=self.dialect.name, error=type(exc).__name__)
+        status, message = upstream_failure(exc, self.dialect.name, self.rec)
         self._settle()
-        message = f"{self.dialect.name} upstream {'timed out' if timeout else 'unreachable'}"
         return Response(
             dumps(self.dialect.error(status, message)),
             status_code=status,
@@ -384,3 +722,34 @@ class Relay:
             )
         except PrefitError as exc:  # the answer is out; a lost observation only slows learning
             log.warning("proxy.observe_failed", tenant=self.caller.tenant, error=type(exc).__name__)
+
+
+class CountRelay(Relay):
+    """One `POST /v1/messages/count_tokens`: fitted, forwarded once, its count observed."""
+
+    count_path: ClassVar[str] = "/messages/count_tokens"  # under the upstream's /v1
+
+    async def run(self) -> Response:
+        fit = await self._first_fit()
+        try:
+            upstream = await self.svc.upstream_clients.request(
+                self.dialect.name,
+                "POST",
+                self.count_path,
+                self._upstream_headers(),
+                self._body(fit),
+            )
+        except httpx.TransportError as exc:
+            return self._unreachable(exc, fit)
+        self.rec.upstream_status = upstream.status_code
+        if fit is not None and upstream.status_code < 300:
+            tokens = prompt_of(_json(upstream.content))
+            if tokens:
+                self._observe(fit, tokens)
+        self._settle()
+        return Response(
+            upstream.content,
+            status_code=upstream.status_code,
+            headers=self._answer_headers(upstream.headers, fit),
+            background=self.background,
+        )

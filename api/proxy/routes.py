@@ -1,34 +1,53 @@
-"""The proxy's routes: `POST /v1/chat/completions`, `POST /v1/messages` and its
-`/count_tokens` (api/proxy/forward.py), `POST /v1/responses` and its `/input_tokens`
-(api/proxy/responses.py); and the provider endpoints passed through unfitted or refused
-(api/proxy/passthrough.py).
+"""The proxy's routes: which provider endpoints are fitted, passed through, or refused.
 
-The fitted ones take the provider's own request body and answer the provider's own response, so they
-stay out of prefit's OpenAPI schema (docs/api.md, "Drop-in proxy", documents them). Errors
-of prefit itself (no or a wrong key, a body that is not a JSON object, a bad conversation
-header) are shaped as the provider shapes its errors, so the SDKs raise their usual types.
+Fitted: `POST /v1/chat/completions` (api/proxy/dialects/openai.py), `POST /v1/messages` and
+its `/count_tokens` (dialects/anthropic.py), `POST /v1/responses` and its `/input_tokens`
+(dialects/responses.py), each relayed by api/proxy/relay.py. They take the provider's own
+request body and answer the provider's own response, so they stay out of prefit's OpenAPI
+schema (docs/api.md, "Drop-in proxy", documents them). Errors of prefit itself (no or a
+wrong key, a body that is not a JSON object, a bad conversation header) are shaped as the
+provider shapes its errors, so the SDKs raise their usual types.
+
+Passed through unfitted (`forward`), or refused: clients pointed at prefit by a base URL
+(`OPENAI_BASE_URL`) send it every call of their SDK, not only chat: frameworks list the
+models at start-up (`GET /v1/models`, also Anthropic's, told apart by the
+`anthropic-version` header its SDK always sends) and embed through the same base URL
+(`POST /v1/embeddings`), and Responses clients read and delete the responses the provider
+stored, cancel background ones and compact (`/v1/responses/{id}`, ...). Those have no
+conversation to fit: they go to the provider as they came (the deployment's key in place of
+prefit's), and its answer comes back as it is. Other provider endpoints (legacy
+completions, stored chat completions, ...) are answered with a 404 in the provider's error
+shape saying what prefit serves, so the SDK raises `NotFoundError` with a message that
+explains it.
+
+Any other route (`unknown_route`) is answered the same way, shaped as the caller's API
+shapes its errors: Gemini's (`{"error": {"code", "message", "status"}}`) for its paths
+(`/v1beta/...`, `...:generateContent`) or `x-goog-api-key`, Anthropic's when the
+`anthropic-version` header says so, OpenAI's for OpenAI's endpoints (`/v1/files`,
+`/v1/audio/...`), and prefit's own otherwise.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
+from api.codec import ResentBodies, dumps
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
-from api.proxy.anthropic import CONVERSIONS, AnthropicDialect
-from api.proxy.caller import identify
-from api.proxy.codec import ResentBodies
-from api.proxy.dialect import Dialect
-from api.proxy.forward import CountRelay
-from api.proxy.openai import OpenAIDialect
-from api.proxy.passthrough import forward, gemini, not_served, unknown_route
-from api.proxy.relay import Relay
-from api.proxy.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
+from api.proxy.dialects import Dialect
+from api.proxy.dialects.anthropic import CONVERSIONS, AnthropicDialect
+from api.proxy.dialects.openai import OpenAIDialect
+from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
+from api.proxy.identity import identify
+from api.proxy.relay import CountRelay, Relay
+from api.proxy.upstream import passed_back, upstream_failure, upstream_headers
 from api.requestlog import request_log
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
@@ -41,6 +60,23 @@ router = APIRouter()
 fallback = APIRouter()
 BODIES = ResentBodies()  # the process's: bodies resent turn after turn, parsed from what is new
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+SERVED = (
+    "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/models, "
+    "/v1/embeddings"
+)
+OWN_API = "/v1/prepare, /v1/conversations/... (prefit's own API, docs/api.md)"
+
+# Gemini's API: its versions (`/v1beta/...`) and its `model:verb` calls
+_GEMINI_PATH = re.compile(r"^/(?:upload/)?v1(?:alpha|beta)\d*/|:[a-zA-Z]+(?:Contents?|Tokens)$")
+# OpenAI's endpoint families besides the ones prefit serves or passes through
+_OPENAI_FAMILIES = frozenset(
+    {
+        "assistants", "audio", "batches", "chatkit", "containers", "edits", "engines", "evals",
+        "files", "fine-tunes", "fine_tuning", "images", "moderations", "organization",
+        "realtime", "threads", "uploads", "vector_stores", "videos",
+    }
+)  # fmt: skip
 
 
 @router.post("/v1/chat/completions", include_in_schema=False)
@@ -201,3 +237,66 @@ def _object(raw: bytes, tenant: str, model_required: bool = True) -> tuple[dict[
     ):
         raise InvalidRequest("'model' must be a non-empty string")
     return body, learn
+
+
+async def forward(request: Request, dialect: Dialect, path: str) -> Response:
+    """`request` to `dialect`'s upstream at `path` (under /v1), answered as it came;
+    `PrefitError` for a caller prefit does not know."""
+    svc: Services = request.app.state.services
+    rec = request_log(request)
+    caller = identify(request.headers, svc.keyring, svc.settings)
+    rec.tenant = caller.tenant
+    body = await request.body()
+    key = svc.upstream_clients.upstreams[dialect.name].key
+    headers = upstream_headers(dialect, caller, key, request.headers)
+    if not body:
+        headers.pop("content-type")
+    query = f"?{request.url.query}" if request.url.query else ""
+    try:
+        answer = await svc.upstream_clients.request(
+            dialect.name, request.method, path + query, headers, body
+        )
+    except httpx.TransportError as exc:
+        status, message = upstream_failure(exc, dialect.name, rec)
+        return Response(
+            dumps(dialect.error(status, message)),
+            status_code=status,
+            media_type="application/json",
+        )
+    rec.upstream_status = answer.status_code
+    return Response(
+        answer.content, status_code=answer.status_code, headers=passed_back(answer.headers)
+    )
+
+
+def not_served(request: Request) -> NotFound:
+    """The error for a provider endpoint prefit does not serve."""
+    return NotFound(
+        f"prefit's proxy does not serve {request.method} {request.url.path}: it serves "
+        f"{SERVED}; call other endpoints at the provider itself"
+    )
+
+
+def gemini(request: Request) -> bool:
+    """Whether `request` is a call of Gemini's API (by its path or its key header)."""
+    return bool(_GEMINI_PATH.search(request.url.path)) or "x-goog-api-key" in request.headers
+
+
+def unknown_route(request: Request, openai: Dialect, anthropic: Dialect) -> Response:
+    """A 404 for a route nobody serves, in the caller's API's error shape (module docstring)."""
+    path, headers = request.url.path, request.headers
+    message = (
+        f"prefit does not serve {request.method} {path}: its proxy serves {SERVED}, and "
+        f"{OWN_API}; call other endpoints at the provider itself"
+    )
+    body: dict[str, Any]
+    if gemini(request):
+        body = {"error": {"code": 404, "message": message, "status": "NOT_FOUND"}}
+    elif "anthropic-version" in headers:
+        body = anthropic.error(404, message)
+    elif path.startswith("/v1/") and path.split("/")[2] in _OPENAI_FAMILIES:
+        body = openai.error(404, message)
+    else:
+        body = {"error": {"type": "NotFound", "message": message}}
+    request_log(request).error = "NotFound"
+    return JSONResponse(body, status_code=404)

@@ -79,7 +79,7 @@ def error_event(body: Any) -> bytes:
     return b"event: error\ndata: " + json.dumps(body).encode() + b"\n\n"
 
 
-class Opened:
+class OpenedStream:
     """A stream whose first events may be read before any is passed on (to see an error the
     provider reports in the stream before its output), then the rest as it comes."""
 
@@ -107,12 +107,11 @@ async def passthrough(
     response: httpx.Response,
     tap: Tap,
     rec: RequestLog,
-    broken: bytes = b"",
-    opened: Opened | None = None,
+    broken: bytes,
+    opened: OpenedStream,
 ) -> AsyncIterator[bytes]:
     """The upstream's events, as they arrive (after those `opened` read ahead), less those
     `tap` drops; `broken` if the upstream breaks off."""
-    opened = opened if opened is not None else Opened(response)
     events = opened.events
     try:
         kept = [e for e in opened.read if tap.keep(e)]

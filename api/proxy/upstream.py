@@ -1,4 +1,4 @@
-"""The providers the proxy forwards to: one pooled `httpx.AsyncClient` per upstream.
+"""The providers the proxy forwards to: where they are, their pooled clients, the headers.
 
 Each upstream (OpenAI, Anthropic) gets one client with HTTP keep-alive, the connection
 limits and the timeouts of the settings; the read timeout is between two bytes of an
@@ -6,6 +6,11 @@ answer, so a long streamed answer is never cut by it. Nothing here retries: a re
 may have reached the provider is not sent twice (only the overflow rule repeats a request,
 and it changes the request). A client belongs to the event loop of its first request, so
 clients are kept per loop, as the API's asyncio Redis clients are.
+
+The headers of a request to an upstream are its protocol's defaults, the client's headers it
+passes on and the key that authenticates it (`upstream_headers`); the client gets the
+provider's own answer headers back, less those of its connection (`passed_back`). An
+upstream that does not answer is a 502, or a 504 when it timed out (`upstream_failure`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,13 @@ from dataclasses import dataclass
 
 import httpx
 
+from api.proxy.dialects import Dialect
+from api.proxy.identity import Caller
+from api.requestlog import RequestLog
+from shared.logs import get_logger
 from shared.settings import Settings
+
+log = get_logger(__name__)
 
 OPENAI, ANTHROPIC = "openai", "anthropic"
 
@@ -29,7 +40,7 @@ class Upstream:
     name: str
     url: str  # the full URL of the endpoint
     key: str | None
-    root: str = ""  # the API's base URL, ending in /v1 (other endpoints: `Transport.forward`)
+    root: str = ""  # the API's base URL, ending in /v1 (other endpoints: `UpstreamClients.request`)
 
 
 def upstreams_of(settings: Settings) -> dict[str, Upstream]:
@@ -54,7 +65,7 @@ def upstreams_of(settings: Settings) -> dict[str, Upstream]:
     }
 
 
-class Transport:
+class UpstreamClients:
     """Pooled clients, one per upstream and event loop; `aclose` the loop's at shutdown."""
 
     def __init__(self, settings: Settings) -> None:
@@ -96,7 +107,7 @@ class Transport:
         request = client.build_request("POST", url, headers=dict(headers), content=body)
         return await client.send(request, stream=True)
 
-    async def forward(
+    async def request(
         self, name: str, method: str, path: str, headers: Mapping[str, str], body: bytes
     ) -> httpx.Response:
         """`method` `path` (under the API's /v1, with its query) of upstream `name`, read."""
@@ -112,3 +123,51 @@ class Transport:
             clients = [self._clients.pop(k) for k in mine]
         for client in clients:
             await client.aclose()
+
+
+# --- the headers --------------------------------------------------------------------------
+
+# Not passed back from the upstream's answer: they describe its connection and encoding.
+HOP = frozenset(
+    {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+    | {"date", "server"}
+)
+
+
+# Who the client's own key bills (`organization=`, `project=` of the SDK): forwarded with
+# that key only, since the deployment's key belongs to an account of its own.
+ACCOUNT = ("openai-organization", "openai-project")
+
+
+def upstream_headers(
+    dialect: Dialect, caller: Caller, key: str | None, client: Mapping[str, str]
+) -> dict[str, str]:
+    """The headers of a request to `dialect`'s upstream: its defaults, the client's headers
+    it passes on, and the client's own provider auth when forwarded, else the deployment's
+    `key`, else (open mode, no deployment key) the SDK's; the client's account headers go
+    with its own key only."""
+    out = {"content-type": "application/json", **dialect.defaults()}
+    out.update({h: client[h] for h in dialect.forwarded if h in client})
+    if caller.provider_auth:
+        out.update(caller.provider_auth)
+        out.update({h: client[h] for h in ACCOUNT if h in client})
+    elif key:
+        out.update(dialect.auth(key))
+    elif caller.fallback_auth:
+        out.update(caller.fallback_auth)
+        out.update({h: client[h] for h in ACCOUNT if h in client})
+    return out
+
+
+def passed_back(upstream: Mapping[str, str]) -> dict[str, str]:
+    """The upstream answer's headers the client gets (rate limits, request ids, ...)."""
+    return {k: v for k, v in upstream.items() if k.lower() not in HOP}
+
+
+def upstream_failure(exc: httpx.TransportError, name: str, rec: RequestLog) -> tuple[int, str]:
+    """The status and message of upstream `name` not answering (`exc`): 504 when it timed
+    out, else 502; logged, and noted in `rec`."""
+    timeout = isinstance(exc, httpx.TimeoutException)
+    rec.error = "UpstreamTimeout" if timeout else "UpstreamUnreachable"
+    log.warning("proxy.upstream_failed", upstream=name, error=type(exc).__name__)
+    return (504 if timeout else 502), f"{name} upstream {'timed out' if timeout else 'unreachable'}"

@@ -1,7 +1,9 @@
-"""The Anthropic endpoint through the real `anthropic` SDK: fitted, streamed, authenticated."""
+"""The Anthropic endpoint through the real `anthropic` SDK: fitted, streamed, authenticated;
+and its dialect's parts (the prompt count tap, errors mapped to the client's messages)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -9,7 +11,13 @@ import httpx
 import pytest
 from hypothesis import given, settings
 
-from api.proxy.anthropic import CONVERSIONS, AnthropicDialect, Conversions
+from api.proxy.dialects.anthropic import (
+    CONVERSIONS,
+    AnthropicDialect,
+    Conversions,
+    StartTap,
+    source_index,
+)
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
 from shared.formats.anthropic import unmarked
@@ -351,3 +359,33 @@ def test_the_conversions_are_bounded_but_keep_the_newest() -> None:
     converted = [m for g in conversions.convert(given) for m in g]
     assert conversions.sent(first)(converted, 0) is None
     assert to_anthropic(converted, sent=conversions.sent(given))[1] == given
+
+
+def test_the_anthropic_tap_counts_cached_prompt_tokens() -> None:
+    """message_start's input + cache read + cache creation tokens."""
+    usage = {"input_tokens": 5, "cache_read_input_tokens": 70, "cache_creation_input_tokens": 25}
+    start = (
+        b"event: message_start\ndata: "
+        + json.dumps({"type": "message_start", "message": {"usage": usage}}).encode()
+        + b"\n\n"
+    )
+    tap = StartTap()
+    assert tap.keep(start) and tap.prompt_tokens == 100
+    assert AnthropicDialect().prompt_tokens({"usage": usage}) == 100
+
+
+def test_source_index_maps_a_converted_message_to_its_anthropic_message() -> None:
+    """A user turn of two tool results and a text converts to three messages; the index of
+    each maps back to that one turn, and what follows to its own message."""
+    use = [{"type": "tool_use", "id": i, "name": "f", "input": {}} for i in ("a", "b")]
+    results = [{"type": "tool_result", "tool_use_id": i} for i in ("a", "b")]
+    given = [
+        {"role": "user", "content": "task"},
+        {"role": "assistant", "content": use},
+        {"role": "user", "content": [*results, {"type": "text", "text": "more"}]},
+        {"role": "assistant", "content": "done"},
+    ]
+    found = [source_index("sys", given, k) for k in range(7)]
+    assert found == [None, 0, 1, 2, 2, 2, 3]
+    assert source_index(None, given, 5) == 3
+    assert source_index(None, given, None) is None

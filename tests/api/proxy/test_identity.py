@@ -1,4 +1,5 @@
-"""Conversation identity: the header, then each client's session signal, then the head."""
+"""Identity: the caller (either SDK's key header, the opt-in provider key) and the
+conversation (the header, then each client's session signal, then the head)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,19 @@ from typing import Any
 import httpx
 import pytest
 
-from api.proxy.identity import conversation_id, conversation_ids, derived_id, session_signal
-from shared.errors import InvalidRequest
+from api.auth import KeyRing
+from api.proxy.identity import (
+    conversation_id,
+    conversation_ids,
+    derived_id,
+    identify,
+    session_signal,
+)
+from shared.errors import InvalidRequest, Unauthorized
 from shared.formats import from_anthropic, to_anthropic
 from shared.head import task_digest
 from shared.messages import Message
+from shared.settings import Settings
 from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import Proxy
 from tests.shared import aider, preambles
@@ -349,3 +358,44 @@ def test_an_aider_run_session_keeps_the_persons_request_in_every_forwarded_promp
         assert request in str(proxy.fake.received[-1].body["messages"]), step
     assert proxy.fake.received[-1].body["messages"] != prompts[-1]  # fitted, not forwarded as is
     assert all(got.status == 200 for got in proxy.fake.received)
+
+
+def test_the_derived_id_is_the_heads_and_the_tenants() -> None:
+    """Same head and tenant: same id, turn after turn; another tenant or head: another."""
+    head = [{"role": "system", "content": "s"}, user("task")]
+    one = derived_id("a", head)
+    assert derived_id("a", [*head, assistant("x"), user("y")]) == one
+    assert derived_id("b", head) != one
+    assert derived_id("a", [{"role": "system", "content": "s"}, user("other")]) != one
+    assert conversation_id({"x-prefit-conversation": "chat-7"}, {}, "a", head) == "chat-7"
+    with pytest.raises(InvalidRequest):
+        conversation_id({"x-prefit-conversation": "has space"}, {}, "a", head)
+
+
+KEYS = KeyRing.parse("acme:prefit-key")
+
+
+def test_either_sdk_header_authenticates_and_the_prefit_key_is_never_forwarded() -> None:
+    """Bearer or x-api-key name the tenant; without the opt-in nothing of the client's goes up."""
+    off = Settings(proxy_forward_client_keys=False)
+    assert identify({"authorization": "Bearer prefit-key"}, KEYS, off).tenant == "acme"
+    assert identify({"x-api-key": "prefit-key"}, KEYS, off).tenant == "acme"
+    both = {"x-prefit-api-key": "prefit-key", "authorization": "Bearer sk-own"}
+    assert identify(both, KEYS, off).provider_auth == {}
+    with pytest.raises(Unauthorized):
+        identify({}, KEYS, off)
+    with pytest.raises(Unauthorized):
+        identify({"x-api-key": "nope"}, KEYS, off)
+
+
+def test_the_opt_in_forwards_the_clients_own_provider_key_only() -> None:
+    """With X-Prefit-Api-Key, the SDK's own key header goes upstream; prefit's never does."""
+    on = Settings(proxy_forward_client_keys=True)
+    both = {"x-prefit-api-key": "prefit-key", "authorization": "Bearer sk-own"}
+    assert identify(both, KEYS, on).provider_auth == {"authorization": "Bearer sk-own"}
+    same = {"x-prefit-api-key": "prefit-key", "x-api-key": "prefit-key"}
+    assert identify(same, KEYS, on).provider_auth == {}
+    plain = {"authorization": "Bearer prefit-key"}
+    assert identify(plain, KEYS, on).provider_auth == {}  # the only key there is prefit's
+    open_mode = identify({"x-api-key": "sk-own"}, KeyRing.parse(""), on)
+    assert (open_mode.tenant, open_mode.provider_auth) == ("local", {"x-api-key": "sk-own"})

@@ -1,4 +1,5 @@
-"""The OpenAI endpoint through the real `openai` SDK: fitted, retried, streamed, observed."""
+"""The OpenAI endpoint through the real `openai` SDK: fitted, retried, streamed, observed;
+and its dialect's parts (the usage tap, the legacy `functions`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from api.proxy.dialects.openai import OpenAIDialect, UsageTap
 from shared.counting.counters import HeuristicCounter
 from shared.messages import Message, validate
 from shared.service.jobs import SummaryJob
@@ -340,3 +342,35 @@ def test_recent_turns_over_the_budget_are_still_fitted_to_the_window(proxy: Prox
     sent = proxy.fake.received[-1].body["messages"]
     assert HeuristicCounter().count(validate(sent), []) <= WINDOW - 3_000
     assert sent[1] == messages[1] and sent[-1] == messages[-1]
+
+
+def _chunk(**fields: object) -> bytes:
+    return b"data: " + json.dumps(fields).encode() + b"\n\n"
+
+
+def test_the_openai_tap_reads_usage_and_drops_only_the_chunk_prefit_asked_for() -> None:
+    """The usage-only chunk is read; dropped when prefit added it, kept when the client did."""
+    usage = _chunk(choices=[], usage={"prompt_tokens": 42, "completion_tokens": 1})
+    content = _chunk(choices=[{"delta": {"content": "hi"}}], usage=None)
+    mine = UsageTap(strip=True)
+    assert mine.keep(content) and not mine.keep(usage) and mine.keep(b"data: [DONE]\n\n")
+    assert mine.prompt_tokens == 42
+    theirs = UsageTap(strip=False)
+    assert theirs.keep(usage) and theirs.prompt_tokens == 42
+
+
+def test_streamed_openai_requests_ask_for_usage_once() -> None:
+    """include_usage is added (other stream options kept) unless the client asked for it."""
+    dialect = OpenAIDialect()
+    body, strip = dialect.streamed({"stream": True, "stream_options": {"x": 1}})
+    assert body == {"stream": True, "stream_options": {"x": 1, "include_usage": True}} and strip
+    assert dialect.streamed({"stream_options": {"include_usage": True}}) == (None, False)
+
+
+def test_legacy_functions_are_counted_as_the_tools_they_are() -> None:
+    """The legacy `functions` parameter's specs take room in the prompt like `tools`."""
+    fn = {"name": "lookup", "parameters": {"type": "object", "properties": {}}}
+    tool = {"type": "function", "function": {"name": "other", "parameters": {}}}
+    body = {"messages": [user("hi")], "tools": [tool], "functions": [fn]}
+    _, specs = OpenAIDialect().transcript(body, lambda m: list(m))
+    assert specs == [tool, {"type": "function", "function": fn}]

@@ -1,4 +1,5 @@
-"""Overflow retries and calibration, against a provider that counts 1.5x prefit's estimate."""
+"""Overflow retries and calibration, against a provider that counts 1.5x prefit's estimate;
+the figures of each overflow wording, the retry's pressure, and windows learned."""
 
 from __future__ import annotations
 
@@ -6,6 +7,17 @@ import anthropic
 import openai
 import pytest
 
+from api.proxy.dialects.openai import OpenAIDialect
+from api.proxy.overflow import (
+    FLOOR,
+    SHRINK,
+    STEP,
+    LearnedWindows,
+    Overflow,
+    anthropic_figures,
+    next_pressure,
+    openai_figures,
+)
 from shared.formats import to_anthropic
 from shared.messages import validate
 from tests.api.conftest import WINDOW
@@ -126,3 +138,71 @@ def test_a_streamed_request_that_overflows_is_retried_before_streaming(proxy: Pr
     assert "".join(c.choices[0].delta.content or "" for c in stream) == "".join(WORDS)
     assert [r.status for r in proxy.fake.received] == [400, 200]
     assert stream.response.headers["x-prefit-retries"] == "1"
+
+
+def test_openai_overflow_figures_are_read_from_each_wording() -> None:
+    """The prompt count, the maximum and the completion's share, where stated."""
+    assert openai_figures(
+        "This model's maximum context length is 128000 tokens. However, your messages "
+        "resulted in 130,500 tokens. Please reduce the length of the messages."
+    ) == Overflow(130_500, 128_000, None)
+    assert openai_figures(
+        "This model's maximum context length is 8192 tokens. However, you requested 9000 "
+        "tokens (8000 in the messages, 1000 in the completion)."
+    ) == Overflow(8000, 8192, 1000)
+    assert openai_figures(
+        "Input tokens exceed the configured limit of 272000 tokens. Your messages resulted "
+        "in 300000 tokens."
+    ) == Overflow(300_000, 272_000, None)
+    assert openai_figures("context_length_exceeded") == Overflow()
+
+
+def test_compatible_servers_overflow_wordings_are_recognised_with_their_figures() -> None:
+    """Mistral's and Anthropic's wordings in an OpenAI error, and llama.cpp's (no figures)."""
+    assert openai_figures(
+        "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 "
+        "maximum context length"
+    ) == Overflow(40_000, 32_768, None)
+    assert openai_figures("prompt is too long: 210000 tokens > 200000 maximum") == Overflow(
+        210_000, 200_000, None
+    )
+    error = {"message": "the request exceeds the available context size", "code": None}
+    assert OpenAIDialect().overflow(400, {"error": error}) == Overflow()
+    error = {"message": "Rate limit reached for requests", "code": None}
+    assert OpenAIDialect().overflow(400, {"error": error}) is None
+
+
+def test_anthropic_overflow_figures_and_other_errors() -> None:
+    """Both overflow wordings are read; any other 400 is no overflow."""
+    assert anthropic_figures("prompt is too long: 208000 tokens > 200000 maximum") == Overflow(
+        208_000, 200_000
+    )
+    assert anthropic_figures(
+        "input length and `max_tokens` exceed context limit: 188240 + 21333 > 200000, "
+        "decrease input length or `max_tokens` and try again"
+    ) == Overflow(188_240, 200_000, 21_333)
+    assert anthropic_figures("max_tokens: Field required") is None
+
+
+def test_the_pressure_follows_the_figures_and_always_drops() -> None:
+    """allowed x E / N, with a margin; a fixed step without figures; never above 0.9 x."""
+    figures = Overflow(prompt_tokens=150_000, limit=128_000)
+    p = next_pressure(1.0, figures, estimated=100_000, budget=123_904, reserve=4096)
+    assert p == pytest.approx(0.9 * 123_904 * 100_000 / (150_000 * 123_904))
+    assert next_pressure(0.5, Overflow(), estimated=1, budget=1, reserve=0) == 0.5 * STEP
+    generous = Overflow(prompt_tokens=10, limit=1_000_000)  # figures that say it fitted
+    assert next_pressure(0.8, generous, estimated=10, budget=100, reserve=0) == 0.8 * SHRINK
+    tiny = Overflow(prompt_tokens=10**9, limit=1000)
+    assert next_pressure(1.0, tiny, estimated=10, budget=1000, reserve=0) == FLOOR
+
+
+def test_a_learned_window_is_the_tenants_own() -> None:
+    """A window learned from one tenant's overflow fits that tenant's later requests only;
+    another tenant's, and another app's, are still forwarded as unknown."""
+    learned = LearnedWindows()
+    window = learned.learn("alice", "m-x", Overflow(prompt_tokens=9_000, limit=8_192), 1_024)
+    assert window is not None and window.max_input_tokens == 8_192
+    assert learned.get("alice", "m-x") == window
+    assert learned.get("bob", "m-x") is None
+    assert LearnedWindows().get("alice", "m-x") is None
+    assert learned.learn("alice", "m-y", Overflow(prompt_tokens=9_000), 1_024) is None

@@ -13,10 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.counting import encodings
 from shared.counting.calibration import CalibratedCounter
 from shared.counting.counters import HeuristicCounter, TiktokenCounter
-from shared.counting.protocol import CountOnly, MessageCounter, per_message
+from shared.counting.protocol import CountOnly, MessageCounter, encodings, per_message
 from shared.errors import ConfigError, DoesNotFit
 from shared.messages import Message, ToolSpec
 from shared.policy import ContextPolicy

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
-from api.proxy.codec import dumps
-from api.proxy.dialect import tools_of
+from api.codec import dumps
+from api.proxy.dialects import error_fields, tools_of
 from api.proxy.overflow import Overflow, anthropic_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import ANTHROPIC
@@ -287,9 +287,7 @@ class AnthropicDialect:
     def overflow(self, status: int, answer: Any) -> Overflow | None:
         if status not in (400, 413):
             return None
-        err = answer.get("error") if isinstance(answer, dict) else None
-        message = err.get("message") if isinstance(err, dict) else None
-        return anthropic_figures(message) if isinstance(message, str) else None
+        return anthropic_figures(error_fields(answer)[1])  # no message: "", no overflow
 
     def error(self, status: int, message: str) -> dict[str, Any]:
         kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")

@@ -1,5 +1,6 @@
-"""A body that resends an earlier one's messages is parsed from where it differs, to the
-same value as parsing it whole."""
+"""Bodies are read exactly (orjson where it keeps every digit), and a body that resends an
+earlier one's messages is parsed from where it differs, to the same value as parsing it
+whole."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from api.proxy.codec import ResentBodies, loads
+from api.codec import ResentBodies, dumps, loads
 
 BIG = "x" * 400  # messages long enough that the bodies (over 64 kB) are worth remembering
 
@@ -160,3 +161,14 @@ def test_adopted_messages_come_back_as_the_same_objects() -> None:
     nxt, _ = bodies.loads("t", body(session(202)))
     assert all(a is b for a, b in zip(nxt["messages"], stored, strict=False))
     assert nxt == loads(body(session(202)))
+
+
+def test_bodies_are_read_exactly_even_where_orjson_would_round() -> None:
+    """A field outside the transcript with an integer past 64 bits keeps every digit."""
+    raw = b'{"model": "m", "seed": 123456789012345678901234567890, "messages": [], "x": NaN}'
+    body = loads(raw)
+    assert body["seed"] == 123456789012345678901234567890
+    assert b"123456789012345678901234567890" in dumps(body)
+    assert loads(b'{"a": [1, 2.5, "\\u00e9"]}') == {"a": [1, 2.5, "é"]}
+    with pytest.raises(ValueError):
+        loads(b"{not json")

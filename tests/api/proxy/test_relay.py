@@ -9,7 +9,7 @@ from fastapi import FastAPI
 
 from api.deps import Services
 from api.policies import resolve_window
-from api.proxy.transcripts import sync
+from api.proxy.relay import sync
 from shared.errors import InvalidTranscript
 from shared.store.writes import Writes
 from tests.api.helpers import assistant, call, chat, conv_id, user

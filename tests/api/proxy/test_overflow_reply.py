@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from api.policies import Window
-from api.proxy.reserve import LoweredReply, lowered_reply, reply_floor, with_reply_room
+from api.proxy.overflow import LoweredReply, lowered_reply, reply_floor, with_reply_room
 from shared.counting.counters import HeuristicCounter
 from shared.formats import from_anthropic, to_anthropic
 from shared.messages import Message
@@ -223,7 +223,7 @@ def test_a_reply_over_the_whole_window_is_lowered_beside_a_prompt_that_fits(wide
 def test_the_lowered_reply_keeps_the_floor_and_the_thinking_budget_under_it(
     body: dict[str, Any], room: int, lowered: LoweredReply | None
 ) -> None:
-    """The rule of api/proxy/reserve.py on its own."""
+    """The reply rule of api/proxy/overflow.py on its own."""
     assert lowered_reply(body, room) == lowered
 
 

@@ -22,13 +22,11 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from api.proxy.dialect import tools_of
-from api.proxy.fitting import Fit
-from api.proxy.forward import CountRelay
-from api.proxy.openai import OpenAIDialect
+from api.proxy.dialects import tools_of
+from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
-from api.proxy.relay import Relay
-from api.proxy.streaming import Opened, Tap, data_of, error_event
+from api.proxy.relay import CountRelay, Fit, Relay
+from api.proxy.streaming import OpenedStream, Tap, data_of, error_event
 from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
 from shared.messages import Message, ToolSpec
@@ -130,7 +128,7 @@ class ResponsesRelay(Relay):
         error = self.dialect.error(502, f"{self.dialect.name} upstream broke off the stream")
         return error_event({**error["error"], "type": "error", "error": error["error"]})
 
-    async def _stream_overflow(self, opened: Opened) -> Overflow | None:
+    async def _stream_overflow(self, opened: OpenedStream) -> Overflow | None:
         """OpenAI may refuse a streamed request over the window in the stream itself: a
         `response.failed` event whose error is `context_length_exceeded`, after
         `response.created`. The events before the output are read ahead to see it."""

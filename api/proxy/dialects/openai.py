@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api.proxy.dialect import tools_of
+from api.proxy.dialects import error_fields, tools_of
 from api.proxy.overflow import Overflow, openai_figures
 from api.proxy.streaming import Tap, data_of
 from api.proxy.upstream import OPENAI
@@ -28,15 +28,6 @@ _CONTEXT = re.compile(
     re.I,
 )
 _ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large"}
-
-
-def _error_fields(answer: Any) -> tuple[str, str]:
-    """(code, message) of an OpenAI error body, empty strings where absent."""
-    err = answer.get("error") if isinstance(answer, dict) else None
-    if not isinstance(err, dict):
-        return "", ""
-    code, message = err.get("code"), err.get("message")
-    return (code if isinstance(code, str) else ""), (message if isinstance(message, str) else "")
 
 
 class UsageTap:
@@ -103,7 +94,7 @@ class OpenAIDialect:
     def overflow(self, status: int, answer: Any) -> Overflow | None:
         if status not in (400, 413):
             return None
-        code, message = _error_fields(answer)
+        code, message = error_fields(answer)
         if code != "context_length_exceeded" and not _CONTEXT.search(message):
             return None
         return openai_figures(message)

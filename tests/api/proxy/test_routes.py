@@ -1,4 +1,6 @@
-"""Routes nobody serves: a 404 in the caller's API's error shape that says what prefit serves."""
+"""The proxy's routes besides the fitted ones: provider endpoints passed through (model
+lists) or refused, and routes nobody serves (a 404 in the caller's API's error shape that
+says what prefit serves)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,9 @@ import httpx
 import openai
 import pytest
 
+from tests.api.helpers import user
 from tests.api.proxy.conftest import Proxy
+from tests.api.proxy.test_anthropic import sdk
 
 
 def send(proxy: Proxy, method: str, path: str, **headers: str) -> httpx.Response:
@@ -64,3 +68,38 @@ def test_other_routes_get_prefits_shape_and_methods_stay_405(proxy: Proxy) -> No
     assert "/v1/prepare" in r.json()["error"]["message"]
     assert send(proxy, "GET", "/v1/prepare").status_code == 405
     assert send(proxy, "GET", "/healthz").status_code == 200
+
+
+def test_models_list_is_the_providers(proxy: Proxy) -> None:
+    """`models.list()` and `models.retrieve()` reach Anthropic's model list with the
+    deployment's key; a wrong prefit key is an AuthenticationError."""
+    assert [m.id for m in sdk(proxy).models.list()] == ["fake-model"]
+    got = proxy.fake.received[0]
+    assert (got.path, got.protocol) == ("/v1/models", "anthropic")
+    assert got.headers["x-api-key"] == "sk-upstream-anthropic"
+    wrong = anthropic.Anthropic(base_url=proxy.url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        wrong.models.list()
+
+
+def test_message_batches_get_an_anthropic_not_found(proxy: Proxy) -> None:
+    """Batches are not proxied: the SDK raises NotFoundError with Anthropic's error body."""
+    request = {
+        "custom_id": "a",
+        "params": {"model": proxy.model, "max_tokens": 5, "messages": [user("hi")]},
+    }
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        sdk(proxy).messages.batches.create(requests=[request])  # type: ignore[list-item]
+    assert caught.value.body["type"] == "error"  # type: ignore[index]
+    assert caught.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    assert "batches" in caught.value.body["error"]["message"]  # type: ignore[index]
+    assert proxy.fake.received == []
+
+
+def test_models_list_without_anthropic_version_is_openais(proxy: Proxy) -> None:
+    """The OpenAI SDK's `models.list()` reaches OpenAI's list with the deployment's key."""
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=proxy.key, max_retries=0)
+    assert [m.id for m in client.models.list()] == ["fake-model"]
+    got = proxy.fake.received[0]
+    assert (got.path, got.protocol) == ("/v1/models", "openai")
+    assert got.headers["authorization"] == "Bearer sk-upstream-openai"

@@ -1,9 +1,12 @@
-"""What differs between the two provider protocols, as one `Dialect` protocol.
+"""The provider protocols the proxy speaks, and what differs between them: `Dialect`.
 
 prefit works on OpenAI-format messages; a dialect turns a request body into those and back,
 says how the upstream is authenticated, where the provider's prompt count is, what an
 overflow looks like, and how prefit's own errors are shaped so the SDK raises its usual
-exception types.
+exception types. One module per dialect: `openai` (Chat Completions), `anthropic`
+(Messages), `responses` (OpenAI Responses). The protocol is defined here, in a module that
+imports no dialect, so the dialects and the relay (which the Responses dialect extends) all
+import it without a cycle.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from shared.messages import Message, ToolSpec
 
 
 class Dialect(Protocol):
-    """One provider protocol (api/proxy/openai.py, anthropic.py, responses.py)."""
+    """One provider protocol (api/proxy/dialects/openai.py, anthropic.py, responses.py)."""
 
     name: str  # the upstream's name
     forwarded: tuple[str, ...]  # client headers passed on as they are
@@ -69,3 +72,13 @@ def tools_of(body: Mapping[str, Any]) -> list[ToolSpec]:
     """The request's tool definitions as sent (for counting)."""
     tools = body.get("tools")
     return list(tools) if isinstance(tools, list) else []
+
+
+def error_fields(answer: Any) -> tuple[str, str]:
+    """(code, message) of a provider's error body (`{"error": {"message", ...}}`, OpenAI's
+    with a `code`), empty strings where absent."""
+    err = answer.get("error") if isinstance(answer, dict) else None
+    if not isinstance(err, dict):
+        return "", ""
+    code, message = err.get("code"), err.get("message")
+    return (code if isinstance(code, str) else ""), (message if isinstance(message, str) else "")

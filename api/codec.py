@@ -1,13 +1,14 @@
-"""JSON for the proxy's request and answer bodies: orjson, falling back on the stdlib.
+"""JSON of the API's bodies and stored messages: orjson, falling back on the stdlib.
 
-A proxied request carries the whole conversation (half a megabyte at 128k tokens) and is
-read, and often written again, on every turn: orjson does both several times faster than
-the stdlib. It refuses NaN (the stdlib reads it) and reads an integer past 64 bits as a
-float, which would change that field when the body is written again: a request whose
-fields outside the transcript hold such a number is read again by the stdlib. (Inside the
-messages numbers are block indices and the like, far from 64 bits.) A body that resends an
-earlier one's messages (an agent's, every turn) is parsed only from where it differs from
-it (`ResentBodies`).
+Shared by the proxy (its request and answer bodies), the conversation cache (stored
+messages) and the prepare payloads. A proxied request carries the whole conversation (half
+a megabyte at 128k tokens) and is read, and often written again, on every turn: orjson
+does both several times faster than the stdlib. It refuses NaN (the stdlib reads it) and
+reads an integer past 64 bits as a float, which would change that field when the body is
+written again: a request whose fields outside the transcript hold such a number is read
+again by the stdlib. (Inside the messages numbers are block indices and the like, far from
+64 bits.) A body that resends an earlier one's messages (an agent's, every turn) is parsed
+only from where it differs from it (`ResentBodies`).
 """
 
 from __future__ import annotations
