@@ -1,4 +1,4 @@
-"""Shared fixtures: real transcripts, tiktoken's files, a Redis of the suite's own."""
+"""Shared fixtures: real transcripts, tiktoken's files, a Redis of the suite's own, its store."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
-from hypothesis import settings
 
 from shared.head import head_end
 from shared.messages import Message, groups
+from shared.settings import Settings
+from shared.store import Store
 from tests import brokerbackend
 from tests.redisbackend import FakeRedisServer, backend, describe, require_cluster
 
@@ -24,11 +26,12 @@ SHARED = ROOT.parent / "shared"
 REPO_TRANSCRIPTS = ROOT / "transcripts"
 TRANSCRIPTS = SHARED / "transcripts" if (SHARED / "transcripts").is_dir() else REPO_TRANSCRIPTS
 TIKTOKEN_DIR = SHARED / "tiktoken"
+RETENTION_S = 3600  # of the `settings` fixture's Redis keys
 
 # CI: the same examples on every run, whatever ran before (no example database), and a
 # failure printed with the `@reproduce_failure` line that replays it anywhere (README, Tests)
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.load_profile(
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis.settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default")
 )
 
@@ -200,3 +203,21 @@ def _forget_broker_queues() -> Iterator[None]:
 def tenant() -> str:
     """A tenant name no other test uses, so tests share a Redis without touching each other."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """Settings with the suite's retention; the API tests and some worker modules override it
+    (the `store` is then built with theirs)."""
+    return Settings(retention_s=RETENTION_S)
+
+
+@pytest.fixture
+def store(redis_url: str, settings: Settings) -> Iterator[Store]:
+    """A store on the suite's Redis with the test's `settings`, closed after the test (never
+    flushed: tests write under their own `tenant`)."""
+    s = Store.from_url(redis_url, settings)
+    try:
+        yield s
+    finally:
+        s.close()

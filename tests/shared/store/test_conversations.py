@@ -10,8 +10,7 @@ from shared.errors import InvalidId, InvalidTranscript, LengthMismatch, NotFound
 from shared.hashing import canonical, prefix_hashes
 from shared.store import Store, keys
 from shared.summaries import SummaryRecord
-from tests.conftest import load_transcript, needs_transcripts, transcript_files
-from tests.shared.store.conftest import RETENTION_S
+from tests.conftest import RETENTION_S, load_transcript, needs_transcripts, transcript_files
 from tests.shared.store.helpers import chat, run_threads, tenant_keys
 
 
