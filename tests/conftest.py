@@ -91,6 +91,38 @@ def tiktoken_dir(request: pytest.FixtureRequest) -> Path:
     return Path(into)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="run the tests marked slow too (deselected by default): the whole suite",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked slow (drills, process spawns, long property runs), so that a
+    plain `uv run pytest` is quick; `--slow`, a `-m` expression, or a slow test named by its
+    node id runs them."""
+    if config.getoption("--slow") or config.getoption("markexpr"):
+        return
+    here = config.invocation_params.dir
+    named = [arg.partition("::") for arg in config.args if "::" in arg]
+
+    def wanted(item: pytest.Item) -> bool:
+        if item.get_closest_marker("slow") is None:
+            return True
+        name = item.nodeid.partition("::")[2]
+        return any(
+            (here / path).resolve() == item.path and (name == test or name.startswith(test + "["))
+            for path, _, test in named
+        )
+
+    slow = [item for item in items if not wanted(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if wanted(item)]
+
+
 def pytest_report_header() -> list[str]:
     """Which Redis this run uses (REDIS_URL, a throwaway redis-server, or fakeredis) and which
     broker the worker tests use (that Redis, or RabbitMQ)."""
@@ -221,3 +253,9 @@ def store(redis_url: str, settings: Settings) -> Iterator[Store]:
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """The event loop of the async tests (`pytest.mark.anyio`): asyncio, as prefit serves on."""
+    return "asyncio"

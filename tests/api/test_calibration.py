@@ -14,8 +14,9 @@ from shared.counters import HeuristicCounter
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of, make_settings
-from tests.api.helpers import body, chat, conv_id
+from tests.api.helpers import body, conv_id
 from tests.api.test_refusals import dump, same_store, shortened
+from tests.builders import chat
 
 
 def observe(c: TestClient, tenant: str, model: str, msgs: list[Any], factor: float) -> Any:

@@ -6,9 +6,9 @@ import anthropic
 import openai
 import pytest
 
-from tests.api.helpers import user
 from tests.api.proxy.conftest import Proxy
 from tests.api.proxy.test_anthropic import sdk
+from tests.builders import user
 
 
 def test_models_list_is_the_providers(proxy: Proxy) -> None:

@@ -13,8 +13,8 @@ from shared.errors import InvalidRequest
 from shared.formats import from_anthropic, to_anthropic
 from shared.head import message_key
 from shared.messages import Message
-from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import Proxy
+from tests.builders import assistant, user
 from tests.shared import aider, preambles
 
 SYSTEM: Message = {"role": "system", "content": "You are a careful agent."}

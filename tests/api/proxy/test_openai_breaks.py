@@ -16,9 +16,9 @@ from starlette.routing import Route
 
 from api.app import create_app
 from tests.api.conftest import Recorder, key_of
-from tests.api.helpers import chat
 from tests.api.proxy.conftest import proxy_settings
 from tests.api.server import serve
+from tests.builders import chat
 
 CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"m",'
 CHUNK += b'"choices":[{"index":0,"delta":{"content":"half an "},"finish_reason":null}]}\n\n'

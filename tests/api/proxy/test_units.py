@@ -25,7 +25,7 @@ from api.proxy.overflow import (
 from api.proxy.streaming import Events
 from shared.errors import InvalidRequest, Unauthorized
 from shared.settings import Settings
-from tests.api.helpers import assistant, user
+from tests.builders import assistant, user
 
 
 def test_openai_overflow_figures_are_read_from_each_wording() -> None:
