@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -37,6 +38,7 @@ def sizes(c: TestClient, tenant: str, model: str, cid: str, msgs: list[Any]) -> 
     return info["tokens"], stored.json()["tokens"], stateless.json()["tokens"]
 
 
+@pytest.mark.slow
 def test_one_tenants_observations_never_move_anothers_counts(
     redis_url: str, store: Store, tenant: str, model: str
 ) -> None:

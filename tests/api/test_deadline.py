@@ -116,6 +116,7 @@ def setup_conversations(url: str, model: str) -> tuple[str, str]:
     return cached, other
 
 
+@pytest.mark.slow
 def test_every_route_answers_in_time_with_redis_frozen(
     app: FastAPI, own_redis: RedisProcess, model: str
 ) -> None:
@@ -148,6 +149,7 @@ def test_every_route_answers_in_time_with_redis_killed(
         check_every_route(url, model, cached, other)
 
 
+@pytest.mark.slow
 def test_a_slow_upload_is_not_cut_by_the_deadline(app: FastAPI, model: str) -> None:
     """The deadline runs while the app works, not while the client is still sending."""
 
@@ -168,6 +170,7 @@ def test_a_slow_upload_is_not_cut_by_the_deadline(app: FastAPI, model: str) -> N
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_requested_wait_extends_the_deadline(app: FastAPI, model: str) -> None:
     """A stale prepare asked to wait longer than the deadline waits, then answers 200."""
     cid = conv_id()

@@ -28,6 +28,9 @@ from tests.api.conftest import RESERVE, WINDOW, key_of
 from tests.api.helpers import conv_id
 from tests.builders import assistant, chat, user
 
+# API processes of their own (uvicorn workers, `prefit up`): 6-12 s each
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 APPEND = "/v1/conversations/{conversation_id}/messages"
 PREPARE = "/v1/conversations/{conversation_id}/prepare"

@@ -161,6 +161,7 @@ def counter_of(s: dict[str, Any]) -> TokenCounter:
     return counter.scaled(None) if s["scaled"] else counter
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(transcripts(max_groups=25), settings_used)
 async def test_generated_transcripts_with_any_settings(
@@ -184,6 +185,7 @@ async def test_generated_transcripts_with_any_settings(
     await replay(fast, slow, msgs, **kw)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(transcripts(max_groups=25), settings_used, st.integers(0, 10_000), st.sampled_from([1, 400]))
 async def test_a_stored_summary_served_from_the_ledger(
@@ -201,6 +203,7 @@ async def test_a_stored_summary_served_from_the_ledger(
     await replay(fast, slow, msgs, **kw)
 
 
+@pytest.mark.slow
 @needs_transcripts
 async def test_a_long_session_served_from_records() -> None:
     """The long session with a record every few groups, at 128k: the same prompt and report."""

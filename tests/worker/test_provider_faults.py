@@ -51,6 +51,7 @@ FAULTS: dict[str, Callable[[FakeLLM], None]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_permanent_fault_is_called_once_per_breaker_period(
     fault: str,
@@ -87,6 +88,7 @@ def test_a_permanent_fault_is_called_once_per_breaker_period(
     assert store.records.list(tenant, "c1") == []
 
 
+@pytest.mark.slow
 def test_the_pause_doubles_and_a_good_probe_closes_the_breaker(
     store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
 ) -> None:
@@ -107,6 +109,7 @@ def test_the_pause_doubles_and_a_good_probe_closes_the_breaker(
     assert len(store.dead_letters.list(tenant)) == 2
 
 
+@pytest.mark.slow
 def test_a_hung_provider_ends_in_exactly_one_dead_letter(
     store: Store, redis_url: str, tenant: str, model: str, app_for: AppFor
 ) -> None:

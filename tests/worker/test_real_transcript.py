@@ -29,6 +29,7 @@ NAME = "mswea_gemini3pro__django__django-13933.json"
 WINDOW, RESERVE, CHUNK = 34000, 2000, 8000
 
 
+@pytest.mark.slow
 @needs_transcripts
 async def test_records_are_computed_ahead_of_the_trigger_and_used(
     store: Store,

@@ -67,6 +67,7 @@ def test_a_stream_the_upstream_breaks_off_raises_instead_of_ending_quietly(
     assert "broke off" in caught.value.message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", [_stalls], indirect=True)
 def test_an_upstream_that_times_out_is_a_504_the_sdk_raises(client: Any) -> None:
     """No byte within the read timeout: `InternalServerError` 504, in OpenAI's shape."""

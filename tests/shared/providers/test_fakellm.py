@@ -59,6 +59,7 @@ def test_context_limit_answers_with_the_protocols_error(fake: FakeLLM) -> None:
     assert anthropic.json()["error"]["message"].startswith("prompt is too long")
 
 
+@pytest.mark.slow
 async def test_three_hundred_slow_requests_in_flight_at_once() -> None:
     """300 concurrent calls of one provider client are all in flight together, all answered."""
     with FakeLLM(delay=0.05, gate=300) as fake:
@@ -84,6 +85,7 @@ async def _concurrent(client: OpenAIClient, n: int) -> list[str]:
     return [d.text for d in done]
 
 
+@pytest.mark.slow
 def test_runs_as_a_separate_process() -> None:
     """`python -m tests.fakellm --port N` serves until terminated."""
     with socket.socket() as s:
