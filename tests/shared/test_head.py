@@ -71,6 +71,7 @@ async def test_greeting_first_conversation_keeps_the_task_when_cut(window: int) 
     msgs = airline(80)
     policy = ContextPolicy(window, counter=COUNTER, reserve_output=512)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     assert out.report["dropped_groups"] > 0
     assert out.messages[:2] == [GREETING, TASK]
     assert out.report["head"] == {
@@ -86,6 +87,7 @@ async def test_a_large_opening_is_dropped_before_anything_else() -> None:
     msgs = [{"role": "system", "content": "s"}, *opening, TASK, *airline(30)[2:]]
     policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=512)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     task_at = out.messages.index(TASK)
     before = out.messages[1:task_at]
@@ -177,6 +179,7 @@ async def test_aider_session_keeps_its_task_in_every_prompt(window: int) -> None
     cut = 0
     for msgs in aider.prompts(TEMPLATE_TASK, 40):
         out = await policy.prepare(msgs)
+        assert out.report is not None
         assert contains(out.messages, TEMPLATE_TASK)
         assert out.messages[1] == aider.EXAMPLES[0]  # the first user message, pinned as before
         check(policy, msgs, out, counter=COUNTER)
@@ -289,6 +292,7 @@ async def test_aider_run_session_keeps_the_persons_request_in_every_prompt(
     cut = map_cut = 0
     for step, msgs in enumerate(aider.run_prompts(RUN_REQUEST, 41, map_chars=4000)):
         out = await policy.prepare(msgs)
+        assert out.report is not None
         assert contains(out.messages, RUN_REQUEST), step
         check(policy, msgs, out, counter=COUNTER)
         cut += bool(out.report["changed"])

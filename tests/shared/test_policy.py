@@ -173,6 +173,7 @@ async def test_strategies_stop_once_under_target() -> None:
     msgs = agent_chat(40, size=9000)
     policy = ContextPolicy(60_000, counter=COUNTER)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     names = [a["strategy"] for a in out.report["applied"]]
     assert names[0] == "TruncateToolResults"
     assert "DropOldest" not in names or names[-1] == "DropOldest"
@@ -185,6 +186,7 @@ async def test_drop_oldest_leaves_a_marker_and_keeps_head_and_tail() -> None:
     msgs = agent_chat(60)
     policy = ContextPolicy(8000, counter=COUNTER, reserve_output=1000, strategies=[DropOldest()])
     out = await policy.prepare(msgs)
+    assert out.report is not None
     markers = [m for m in out.messages if "were dropped here" in str(m.get("content"))]
     assert len(markers) == 1 and out.report["dropped_groups"] > 0
     assert out.messages[:2] == msgs[:2] and out.messages[-3:] == msgs[-3:]
@@ -198,6 +200,7 @@ async def test_summary_from_book_is_used_and_reported() -> None:
     record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "THE SUMMARY")
     policy = ContextPolicy(12_000, counter=COUNTER, strategies=[Summarize(), DropOldest()])
     out = await policy.prepare(msgs, book=SummaryBook([record]))
+    assert out.report is not None
     assert out.report["summary"] == {
         "upto": upto,
         "prefix_hash": record.prefix_hash,
@@ -212,6 +215,7 @@ async def test_book_only_marks_stale_when_summary_is_due() -> None:
     msgs = agent_chat(80)
     policy = ContextPolicy(12_000, counter=COUNTER, strategies=[Summarize(), DropOldest()])
     out = await policy.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["stale"] is True and out.report["dropped_groups"] > 0
 
 
@@ -314,6 +318,7 @@ async def test_a_record_under_the_trigger_is_served_alone() -> None:
     record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "THE SUMMARY", tokens=10)
     policy = ContextPolicy(10_000, counter=COUNTER, reserve_output=1000)
     out = await policy.prepare(msgs, book=SummaryBook([record]), hashes=prefix_hashes(msgs))
+    assert out.report is not None
     assert [a["strategy"] for a in out.report["applied"]] == ["Summarize"]
     assert out.messages[:2] == msgs[:2] and out.messages[3:] == msgs[upto:]
     assert out.messages[2]["content"].endswith("THE SUMMARY") and out.report["stale"] is False
@@ -341,6 +346,7 @@ async def test_records_made_when_planned_keep_prepare_fresh() -> None:
             )
             written.append(plan.cut)
         out = await policy.prepare(msgs, book=book)
+        assert out.report is not None
         assert out.report["stale"] is False, f"stale at {n} turns"
         assert out.report["dropped_groups"] == 0
     assert len(written) >= 3 and written == sorted(written)
@@ -354,6 +360,7 @@ async def test_stale_when_the_worker_is_behind() -> None:
     )
     msgs = agent_chat(70)
     out = await policy.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["stale"] is True
     assert policy.plan_summary(msgs, book=SummaryBook()) is not None
 
@@ -383,6 +390,7 @@ async def test_a_record_is_used_only_for_its_own_prefix(
     record = SummaryRecord(upto, prefix_hashes(source[:upto])[-1], "STORED")
     try:
         out = await policy.prepare(msgs, book=SummaryBook([record]))
+        assert out.report is not None
     except DoesNotFit:
         return
     used = any("STORED" in str(m.get("content")) for m in out.messages)
@@ -413,6 +421,7 @@ async def test_not_stale_when_only_the_recent_turns_are_left() -> None:
     tail = policy.regions(msgs)[1]
     book = SummaryBook([SummaryRecord(tail, prefix_hashes(msgs)[tail], "all before the tail")])
     out = await policy.prepare(msgs, book=book)
+    assert out.report is not None
     assert out.report["tokens_before"] > out.report["trigger_tokens"]
     assert out.report["summary"]["upto"] == tail
     assert out.report["stale"] is False
@@ -425,6 +434,7 @@ async def test_not_stale_when_the_rest_already_fits_in_what_a_summary_keeps() ->
     msgs = _plain(6, 200, [300, 300, 300])
     msgs[0] = {"role": "system", "content": "rules " + "s" * 31_000}
     out = await policy.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["tokens_before"] > out.report["trigger_tokens"]
     assert out.report["stale"] is False
     assert policy.plan_summary(msgs, book=SummaryBook()) is None
@@ -437,6 +447,7 @@ async def test_stale_only_when_a_record_is_due(msgs: list[Message], window: int)
     policy = ContextPolicy(window + 1_000, counter=COUNTER, reserve_output=1_000)
     try:
         out = await policy.prepare(msgs, book=SummaryBook())
+        assert out.report is not None
     except DoesNotFit:
         return
     if out.report["stale"]:
@@ -490,12 +501,14 @@ async def test_a_summary_too_big_for_the_window_is_left_out() -> None:
     record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "word " * 2000)
     policy = ContextPolicy(4_000, counter=COUNTER, reserve_output=1_000)
     out = await policy.prepare(msgs, book=SummaryBook([record]))
+    assert out.report is not None
     assert out.report["summary"] is None and out.report["tokens_after"] <= 3_000
     check(policy, msgs, out, counter=COUNTER)
     inline = ContextPolicy(
         4_000, counter=COUNTER, reserve_output=1_000, summarizer=WordySummarizer()
     )
     out = await inline.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["summary"] is None and out.new_summaries and out.cost > 0
 
 
@@ -516,6 +529,7 @@ async def test_a_failing_summarizer_does_not_fail_the_request() -> None:
     msgs = agent_chat(60)
     policy = ContextPolicy(8_000, counter=COUNTER, summarizer=FailingSummarizer())
     out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     assert out.report["summary"] is None and out.report["stale"] is True
     assert out.report["dropped_groups"] > 0 and not out.new_summaries

@@ -41,6 +41,7 @@ async def test_large_outputs_in_the_recent_turns_are_shortened_not_refused() -> 
     msgs = session([500] * 5 + [7_900] * 3)
     policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=1_000)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     [entry] = [a for a in out.report["applied"] if a["strategy"] == NAME]
     assert entry["saved"] > 0 and entry["floor_chars"] == FLOOR_CHARS
@@ -60,6 +61,7 @@ async def test_oldest_output_is_cut_first_and_the_last_one_last() -> None:
     msgs = session([300, 7_900, 7_900, 7_900])
     policy = ContextPolicy(7_000, counter=COUNTER, reserve_output=1_000)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     [entry] = [a for a in out.report["applied"] if a["strategy"] == NAME]
     last = len(msgs) - 1
@@ -101,6 +103,7 @@ async def test_a_long_reply_among_the_recent_turns_is_shortened_when_outputs_are
     msgs += [{"role": "assistant", "content": reply}, {"role": "user", "content": "go on"}]
     policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=1_000)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     [entry] = [a for a in out.report["applied"] if a["strategy"] == NAME]
     assert len(msgs) - 2 in entry["messages"]
@@ -144,6 +147,7 @@ async def test_images_of_recent_tool_results_give_way_before_a_refusal() -> None
     msgs = screenshot_session(["image", "image_url", "image"])
     policy = ContextPolicy(3_000, counter=COUNTER, reserve_output=500)
     out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     [entry] = [a for a in out.report["applied"] if a["strategy"] == PARTS_NAME]
     results = [i for i, m in enumerate(msgs) if m.get("role") == "tool"]
