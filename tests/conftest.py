@@ -1,4 +1,4 @@
-"""Shared fixtures: real transcripts, tiktoken's files, a Redis of the suite's own."""
+"""Shared fixtures: real transcripts, tiktoken's files, a Redis of the suite's own, its store."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
-from hypothesis import settings
 
 from shared.head import head_end
 from shared.messages import Message, groups
+from shared.settings import Settings
+from shared.store import Store
 from tests import brokerbackend
 from tests.redisbackend import FakeRedisServer, backend, describe, require_cluster
 
@@ -24,11 +26,12 @@ SHARED = ROOT.parent / "shared"
 REPO_TRANSCRIPTS = ROOT / "transcripts"
 TRANSCRIPTS = SHARED / "transcripts" if (SHARED / "transcripts").is_dir() else REPO_TRANSCRIPTS
 TIKTOKEN_DIR = SHARED / "tiktoken"
+RETENTION_S = 3600  # of the `settings` fixture's Redis keys
 
 # CI: the same examples on every run, whatever ran before (no example database), and a
 # failure printed with the `@reproduce_failure` line that replays it anywhere (README, Tests)
-settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
-settings.load_profile(
+hypothesis.settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+hypothesis.settings.load_profile(
     os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "default")
 )
 
@@ -86,6 +89,38 @@ def tiktoken_dir(request: pytest.FixtureRequest) -> Path:
     except ConfigError:
         pytest.skip("../shared/tiktoken is absent and tiktoken cannot download its encodings")
     return Path(into)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="run the tests marked slow too (deselected by default): the whole suite",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect the tests marked slow (drills, process spawns, long property runs), so that a
+    plain `uv run pytest` is quick; `--slow`, a `-m` expression, or a slow test named by its
+    node id runs them."""
+    if config.getoption("--slow") or config.getoption("markexpr"):
+        return
+    here = config.invocation_params.dir
+    named = [arg.partition("::") for arg in config.args if "::" in arg]
+
+    def wanted(item: pytest.Item) -> bool:
+        if item.get_closest_marker("slow") is None:
+            return True
+        name = item.nodeid.partition("::")[2]
+        return any(
+            (here / path).resolve() == item.path and (name == test or name.startswith(test + "["))
+            for path, _, test in named
+        )
+
+    slow = [item for item in items if not wanted(item)]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if wanted(item)]
 
 
 def pytest_report_header() -> list[str]:
@@ -200,3 +235,27 @@ def _forget_broker_queues() -> Iterator[None]:
 def tenant() -> str:
     """A tenant name no other test uses, so tests share a Redis without touching each other."""
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings() -> Settings:
+    """Settings with the suite's retention; the API tests and some worker modules override it
+    (the `store` is then built with theirs)."""
+    return Settings(retention_s=RETENTION_S)
+
+
+@pytest.fixture
+def store(redis_url: str, settings: Settings) -> Iterator[Store]:
+    """A store on the suite's Redis with the test's `settings`, closed after the test (never
+    flushed: tests write under their own `tenant`)."""
+    s = Store.from_url(redis_url, settings)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """The event loop of the async tests (`pytest.mark.anyio`): asyncio, as prefit serves on."""
+    return "asyncio"

@@ -30,6 +30,8 @@ from tests.brokerbackend import new_queue
 from tests.conftest import TRANSCRIPTS, load_transcript, needs_transcripts
 from tests.shared.store.helpers import tenant_keys
 
+pytestmark = pytest.mark.slow  # a cluster, RabbitMQ and a worker, turn by turn: about 2 s
+
 FORK_AT = 100  # the fork resends the first 100 messages as its own conversation
 
 Stack = tuple[str, Settings, Finished, Store]

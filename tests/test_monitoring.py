@@ -21,9 +21,9 @@ from api.app import create_app
 from shared import PrefitClient
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of
-from tests.api.helpers import user
 from tests.api.proxy.conftest import agent_session, proxy_settings
 from tests.api.server import serve
+from tests.builders import user
 from tests.conftest import ROOT
 from tests.fakeprovider import FakeProvider
 

@@ -60,6 +60,7 @@ def test_a_reachable_redis_url_wins(choose: pytest.MonkeyPatch, redis_url: str) 
     assert backend() == redisbackend.Backend("url", "REDIS_URL is set and answers", redis_url)
 
 
+@pytest.mark.slow
 def test_fake_server_runs_lua_with_sha1hex_and_stops() -> None:
     """The fake serves over TCP, its Lua has redis.sha1hex as Redis computes it, and stop()
     ends it."""

@@ -69,15 +69,6 @@ def settings(redis_url: str, tenant: str, model: str) -> Settings:
 
 
 @pytest.fixture
-def store(redis_url: str, settings: Settings) -> Iterator[Store]:
-    s = Store.from_url(redis_url, settings)
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
 

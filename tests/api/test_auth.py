@@ -14,7 +14,8 @@ from shared.errors import ConfigError, Unauthorized
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, make_settings
-from tests.api.helpers import body, chat, conv_id
+from tests.api.helpers import body, conv_id
+from tests.builders import chat
 
 
 def test_keyring_maps_keys_to_tenants_and_keeps_only_digests() -> None:

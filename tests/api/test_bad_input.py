@@ -13,8 +13,9 @@ from api.app import create_app
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of
-from tests.api.helpers import body, chat, user
+from tests.api.helpers import body
 from tests.api.test_refusals import dump, same_store, shortened
+from tests.builders import chat, user
 
 CID = "c-bad-input"
 CONV = f"/v1/conversations/{CID}"

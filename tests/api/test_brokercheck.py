@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 from fastapi.testclient import TestClient
 
 from api.app import create_app
@@ -85,6 +86,7 @@ def test_rabbitmq_depth_is_the_queues_ready_messages(
         check.close()
 
 
+@pytest.mark.slow
 @needs_rabbitmqctl
 def test_a_connection_rabbitmq_dropped_is_made_again_without_a_false_alarm(
     redis_url: str, model: str, amqp_url: str

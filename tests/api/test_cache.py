@@ -10,7 +10,8 @@ from shared.errors import NotFound, StoreUnavailable
 from shared.policy import ContextPolicy
 from shared.store import Store
 from shared.store.increments import Increments
-from tests.api.helpers import chat, conv_id, user
+from tests.api.helpers import conv_id
+from tests.builders import chat, user
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 
 

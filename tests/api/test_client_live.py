@@ -4,7 +4,6 @@ prepare that waits longer than the client's timeout."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 
@@ -16,9 +15,11 @@ from shared.errors import InvalidId, InvalidTranscript, LengthMismatch, NotFound
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of, make_settings
-from tests.api.helpers import assistant, chat, user
 from tests.api.server import serve
 from tests.api.test_refusals import dump
+from tests.builders import assistant, chat, user
+
+pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
@@ -94,7 +95,7 @@ def test_a_prepare_may_wait_longer_than_the_client_timeout(
     assert 1.2 <= time.monotonic() - started < 3.0
 
 
-def test_the_async_client_waits_too(url: str, tenant: str, model: str) -> None:
+async def test_the_async_client_waits_too(url: str, tenant: str, model: str) -> None:
     """The async client's waiting prepare outlives its timeout the same way."""
 
     async def scenario() -> dict[str, object]:
@@ -102,5 +103,5 @@ def test_the_async_client_waits_too(url: str, tenant: str, model: str) -> None:
             await a.replace("long", chat(60, 600), model=model)
             return (await a.prepare("long", model=model, wait_ms=900)).report
 
-    report = asyncio.run(scenario())
+    report = await scenario()
     assert report["stale"] is True and float(str(report["waited_ms"])) >= 900

@@ -16,7 +16,8 @@ from shared.store import Store, keys
 from shared.store.tally import Tally
 from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.api.conftest import RESERVE, WINDOW, Recorder
-from tests.api.helpers import assistant, body, call, chat, conv_id, result, user
+from tests.api.helpers import body, conv_id
+from tests.builders import assistant, call, chat, result, user
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 
 

@@ -19,9 +19,12 @@ from api.app import create_app
 from api.deadline import RequestDeadline
 from shared.commands.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
-from tests.api.helpers import body, chat, conv_id, user
+from tests.api.helpers import body, conv_id
 from tests.api.server import serve
+from tests.builders import chat, user
 from tests.redisbackend import require_redis_server
+
+pytestmark = pytest.mark.anyio
 
 DEADLINE_S = 1.0
 BOUND_S = DEADLINE_S + 1.5  # a correctness bound (answers must not hang), not a speed goal
@@ -113,6 +116,7 @@ def setup_conversations(url: str, model: str) -> tuple[str, str]:
     return cached, other
 
 
+@pytest.mark.slow
 def test_every_route_answers_in_time_with_redis_frozen(
     app: FastAPI, own_redis: RedisProcess, model: str
 ) -> None:
@@ -145,6 +149,7 @@ def test_every_route_answers_in_time_with_redis_killed(
         check_every_route(url, model, cached, other)
 
 
+@pytest.mark.slow
 def test_a_slow_upload_is_not_cut_by_the_deadline(app: FastAPI, model: str) -> None:
     """The deadline runs while the app works, not while the client is still sending."""
 
@@ -165,6 +170,7 @@ def test_a_slow_upload_is_not_cut_by_the_deadline(app: FastAPI, model: str) -> N
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.slow
 def test_a_requested_wait_extends_the_deadline(app: FastAPI, model: str) -> None:
     """A stale prepare asked to wait longer than the deadline waits, then answers 200."""
     cid = conv_id()
@@ -177,7 +183,7 @@ def test_a_requested_wait_extends_the_deadline(app: FastAPI, model: str) -> None
     assert report["stale"] is True and report["waited_ms"] >= wait_ms
 
 
-def drive(app: Any, seconds: float) -> list[dict[str, Any]]:
+async def drive(app: Any, seconds: float) -> list[dict[str, Any]]:
     """Run one request through `RequestDeadline(app)`; what reached the server."""
     sent: list[dict[str, Any]] = []
 
@@ -187,16 +193,13 @@ def drive(app: Any, seconds: float) -> list[dict[str, Any]]:
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    async def go() -> None:
-        scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
-        await RequestDeadline(app, seconds)(scope, receive, send)
-        await asyncio.sleep(0.3)  # the abandoned handler finishes meanwhile
-
-    asyncio.run(go())
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+    await RequestDeadline(app, seconds)(scope, receive, send)
+    await asyncio.sleep(0.3)  # the abandoned handler finishes meanwhile
     return sent
 
 
-def test_a_handler_stuck_in_a_thread_is_answered_503_and_its_late_answer_dropped() -> None:
+async def test_a_handler_stuck_in_a_thread_is_answered_503_and_its_late_answer_dropped() -> None:
     """The deadline does not wait for work in a thread; what the handler sends later is lost."""
 
     async def stuck(scope: Any, receive: Any, send: Any) -> None:
@@ -205,13 +208,13 @@ def test_a_handler_stuck_in_a_thread_is_answered_503_and_its_late_answer_dropped
         await send({"type": "http.response.body", "body": b"late"})
 
     started = time.monotonic()
-    sent = drive(stuck, 0.05)
+    sent = await drive(stuck, 0.05)
     assert time.monotonic() - started < 0.3 + 0.2  # the 503 did not wait for the thread
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [503]
     assert all(m.get("body") != b"late" for m in sent)
 
 
-def test_an_answer_that_started_in_time_is_never_replaced() -> None:
+async def test_an_answer_that_started_in_time_is_never_replaced() -> None:
     """Once the response has started, the deadline lets it finish (e.g. background work)."""
 
     async def slow_tail(scope: Any, receive: Any, send: Any) -> None:
@@ -219,6 +222,6 @@ def test_an_answer_that_started_in_time_is_never_replaced() -> None:
         await asyncio.sleep(0.1)
         await send({"type": "http.response.body", "body": b"done"})
 
-    sent = drive(slow_tail, 0.02)
+    sent = await drive(slow_tail, 0.02)
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
     assert sent[-1]["body"] == b"done"

@@ -193,6 +193,7 @@ def test_real_transcript_turn_by_turn_is_served_from_summaries_made_ahead(
     check_served_from_summaries(*replay([url], settings, finished.count))
 
 
+@pytest.mark.slow
 @needs_transcripts
 def test_two_api_processes_and_two_worker_processes_serve_the_same_conversation(
     e2e_settings: Settings, tmp_path: Path

@@ -204,6 +204,7 @@ def test_celery_enqueue_fails_fast_without_rabbitmq(tenant: str) -> None:
     assert time.monotonic() - started < 5
 
 
+@pytest.mark.slow
 @needs_rabbitmqctl
 def test_the_api_publishes_again_after_rabbitmq_dropped_its_connection(
     amqp_url: str, tenant: str

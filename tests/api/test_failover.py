@@ -17,6 +17,8 @@ from tests.api.conftest import Recorder, key_of, make_settings
 from tests.api.server import serve
 from tests.api.traffic import Traffic, turn
 
+pytestmark = pytest.mark.slow  # failover drills on a cluster of their own: 6-10 s each
+
 CONVERSATIONS = 8
 NODE_TIMEOUT_MS = 1000
 

@@ -11,7 +11,8 @@ from fastapi.testclient import TestClient
 from api.app import create_app
 from shared.commands.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
-from tests.api.helpers import body, chat, conv_id, user
+from tests.api.helpers import body, conv_id
+from tests.builders import chat, user
 from tests.redisbackend import require_redis_server
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 from typing import Any
@@ -18,8 +17,11 @@ from api.limits import BodyLimit, check_sizes
 from shared.errors import TooLarge
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of, make_settings
-from tests.api.helpers import body, chat, conv_id, user
+from tests.api.helpers import body, conv_id
 from tests.api.server import serve
+from tests.builders import chat, user
+
+pytestmark = pytest.mark.anyio
 
 LIMIT = 10_000
 
@@ -66,7 +68,7 @@ async def _reader(scope: Scope, receive: Receive, send: Send) -> None:
     await JSONResponse({"bytes": len(data)})(scope, receive, send)
 
 
-def _run(
+async def _run(
     app: Any, headers: list[tuple[bytes, bytes]], chunks: int, path: str = "/"
 ) -> tuple[list[Message], int]:
     """Drive `app` with a body of `chunks` 1 KB chunks; return what it sent and receive calls."""
@@ -89,32 +91,34 @@ def _run(
         "query_string": b"",
         "server": ("127.0.0.1", 8000),
     }
-    asyncio.run(app(scope, receive, send))
+    await app(scope, receive, send)
     return sent, calls
 
 
-def test_declared_oversize_body_is_refused_before_any_read() -> None:
+async def test_declared_oversize_body_is_refused_before_any_read() -> None:
     """A Content-Length over the limit is answered 413 without reading a byte."""
-    sent, calls = _run(BodyLimit(_reader, LIMIT), [(b"content-length", b"10000000000")], 10**7)
+    sent, calls = await _run(
+        BodyLimit(_reader, LIMIT), [(b"content-length", b"10000000000")], 10**7
+    )
     assert calls == 0
     assert sent[0]["status"] == 413
     assert json.loads(sent[1]["body"])["error"]["type"] == "TooLarge"
 
 
-def test_streamed_oversize_body_stops_being_read_at_the_limit() -> None:
+async def test_streamed_oversize_body_stops_being_read_at_the_limit() -> None:
     """A chunked body is counted as it arrives and refused once past the limit."""
-    sent, calls = _run(BodyLimit(_reader, LIMIT), [], 10**7)
+    sent, calls = await _run(BodyLimit(_reader, LIMIT), [], 10**7)
     assert calls == LIMIT // 1000 + 1  # the chunk that crossed the limit was the last read
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [413]
 
 
-def test_body_under_the_limit_passes() -> None:
+async def test_body_under_the_limit_passes() -> None:
     """Bodies within the limit reach the app whole."""
-    sent, _calls = _run(BodyLimit(_reader, LIMIT), [], 5)
+    sent, _calls = await _run(BodyLimit(_reader, LIMIT), [], 5)
     assert sent[0]["status"] == 200 and json.loads(sent[1]["body"]) == {"bytes": 5000}
 
 
-def test_the_real_app_refuses_streamed_oversize_bodies(
+async def test_the_real_app_refuses_streamed_oversize_bodies(
     redis_url: str, store: Store, recorder: Recorder, model: str
 ) -> None:
     """Through FastAPI's own body parsing, the answer is still a single 413."""
@@ -122,7 +126,7 @@ def test_the_real_app_refuses_streamed_oversize_bodies(
         make_settings(redis_url, model, max_body_bytes=LIMIT), store=store, enqueue=recorder
     )
     headers = [(b"content-type", b"application/json")]
-    sent, calls = _run(app, headers, 10**7, path="/v1/prepare")
+    sent, calls = await _run(app, headers, 10**7, path="/v1/prepare")
     assert calls == LIMIT // 1000 + 1
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [413]
 

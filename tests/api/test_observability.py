@@ -15,7 +15,8 @@ from shared.hashing import prefix_hash
 from shared.store import Store
 from shared.summaries.book import SummaryRecord
 from tests.api.conftest import Recorder, key_of, make_settings
-from tests.api.helpers import body, chat, conv_id, user
+from tests.api.helpers import body, conv_id
+from tests.builders import chat, user
 
 SECRET = "SECRET-CONTENT-7731"
 

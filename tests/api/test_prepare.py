@@ -21,7 +21,8 @@ from shared.strategies import Summarize
 from shared.summaries.book import SummaryRecord
 from shared.summaries.incremental import summary_message
 from tests.api.conftest import Recorder
-from tests.api.helpers import body, call, chat, conv_id, result, user
+from tests.api.helpers import body, conv_id
+from tests.builders import call, chat, result, user
 from tests.shared import preambles
 
 REPORT_KEYS = {

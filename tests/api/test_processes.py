@@ -25,7 +25,11 @@ import pytest
 from shared.commands.redisproc import free_port
 from shared.commands.up import METRICS_DIR, api_argv
 from tests.api.conftest import RESERVE, WINDOW, key_of
-from tests.api.helpers import assistant, chat, conv_id, user
+from tests.api.helpers import conv_id
+from tests.builders import assistant, chat, user
+
+# API processes of their own (uvicorn workers, `prefit up`): 6-12 s each
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 APPEND = "/v1/conversations/{conversation_id}/messages"

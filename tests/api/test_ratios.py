@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -14,8 +15,9 @@ from shared.counting.counters import HeuristicCounter
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of, make_settings
-from tests.api.helpers import body, chat, conv_id
+from tests.api.helpers import body, conv_id
 from tests.api.test_refusals import dump, same_store, shortened
+from tests.builders import chat
 
 
 def observe(c: TestClient, tenant: str, model: str, msgs: list[Any], factor: float) -> Any:
@@ -36,6 +38,7 @@ def sizes(c: TestClient, tenant: str, model: str, cid: str, msgs: list[Any]) -> 
     return info["tokens"], stored.json()["tokens"], stateless.json()["tokens"]
 
 
+@pytest.mark.slow
 def test_one_tenants_observations_never_move_anothers_counts(
     redis_url: str, store: Store, tenant: str, model: str
 ) -> None:

@@ -14,7 +14,8 @@ from api.app import create_app
 from shared.settings import Settings
 from shared.store import Store, keys
 from tests.api.conftest import Recorder, key_of
-from tests.api.helpers import assistant, body, call, chat, result, user
+from tests.api.helpers import body
+from tests.builders import assistant, call, chat, result, user
 
 CID = "c-refusals"
 Request = Callable[[TestClient, str], Any]

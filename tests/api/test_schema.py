@@ -21,6 +21,8 @@ from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder, key_of
 
+pytestmark = pytest.mark.slow  # a property run over every operation of the schema: about 7 s
+
 MAX_EXAMPLES = 30  # per operation; the whole file stays well under a minute
 
 APP = create_app(Settings(redis_url="redis://127.0.0.1:1/0", api_keys="placeholder:unused"))

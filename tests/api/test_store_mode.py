@@ -10,6 +10,7 @@ from shared.errors import ConfigError
 from tests.api.conftest import Recorder, make_settings
 
 
+@pytest.mark.slow
 def test_a_cluster_node_without_the_setting_stops_the_start(cluster_url: str) -> None:
     """REDIS_URL on a cluster node and no PREFIT_REDIS_CLUSTER: the app does not start, and
     the error names both settings."""

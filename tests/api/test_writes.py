@@ -20,8 +20,9 @@ from shared.messages import validate
 from shared.store import Store, keys
 from shared.summaries.book import SummaryRecord
 from tests.api.conftest import key_of
-from tests.api.helpers import assistant, body, call, chat, conv_id, result, user
+from tests.api.helpers import body, conv_id
 from tests.api.server import serve
+from tests.builders import assistant, call, chat, result, user
 from tests.shared.store.helpers import run_threads
 
 THREADS, APPENDS = 20, 10

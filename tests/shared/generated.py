@@ -93,15 +93,3 @@ def transcripts(draw: st.DrawFn, max_groups: int = 30) -> list[dict[str, Any]]:
             }
         )
     return msgs
-
-
-def tool_call(
-    call_id: str, name: str, arguments: str, output: str, content: str | None = None
-) -> list[dict[str, Any]]:
-    """An assistant message calling one tool, and the tool's result."""
-    fn = {"name": name, "arguments": arguments}
-    call = {"id": call_id, "type": "function", "function": fn}
-    return [
-        {"role": "assistant", "content": content, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": call_id, "content": output},
-    ]

@@ -15,7 +15,9 @@ import json
 import random
 from typing import Any
 
-Message = dict[str, Any]
+from shared.messages import Message
+from tests.builders import calling, result, tool_call
+
 WORDS = ("error", "src/app.py", "def", "return", "PASS", "FAIL", "0x1f", "import", "self", "|")
 SCREENSHOT = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "iVBOR" * 20000}}
 
@@ -27,19 +29,6 @@ def text(n: int, seed: int) -> str:
     return out[:n]
 
 
-def call(call_id: str, name: str = "bash", **arguments: Any) -> dict[str, Any]:
-    fn = {"name": name, "arguments": json.dumps(arguments)}
-    return {"id": call_id, "type": "function", "function": fn}
-
-
-def calling(*calls: dict[str, Any], content: str | None = None) -> Message:
-    return {"role": "assistant", "content": content, "tool_calls": list(calls)}
-
-
-def result(call_id: str, content: Any) -> Message:
-    return {"role": "tool", "tool_call_id": call_id, "content": content}
-
-
 def openhands(steps: int = 60, size: int = 3000) -> list[Message]:
     msgs: list[Message] = [
         {"role": "system", "content": "You are OpenHands. " + text(3000, 1)},
@@ -48,12 +37,14 @@ def openhands(steps: int = 60, size: int = 3000) -> list[Message]:
     for i in range(steps):
         if i % 7 == 3:  # three calls at once, answered in another order
             ids = [f"toolu_{i}_{k}" for k in range(3)]
-            msgs.append(calling(*(call(c, cmd=f"grep {k}") for k, c in enumerate(ids))))
+            msgs.append(
+                calling(*(tool_call(c, "bash", {"cmd": f"grep {k}"}) for k, c in enumerate(ids)))
+            )
             msgs += [result(c, text(size // 3, i + k)) for k, c in enumerate(reversed(ids))]
             continue
         out = text(size * 10 if i % 5 == 0 else size, i)
         content: Any = [{"type": "text", "text": out[:99]}, {"type": "text", "text": out[99:]}]
-        msgs.append(calling(call(f"call_{i}", cmd=f"cat f{i}.py"), content=""))
+        msgs.append(calling(tool_call(f"call_{i}", "bash", {"cmd": f"cat f{i}.py"}), content=""))
         msgs.append(result(f"call_{i}", content if i % 4 == 1 else out))
     return msgs
 
@@ -66,9 +57,11 @@ def claude_code(huge: int = 400_000) -> list[Message]:
     for i in range(30):
         if i == 15:
             msgs.append({"role": "user", "content": "Also keep the public API unchanged."})
-        msgs.append(calling(call(f"toolu_{i:03d}", "Read", file_path=f"/a/{i}.py"), content="ok"))
+        msgs.append(
+            calling(tool_call(f"toolu_{i:03d}", "Read", {"file_path": f"/a/{i}.py"}), content="ok")
+        )
         msgs.append(result(f"toolu_{i:03d}", text(huge if i == 10 else 4000, i)))
-    msgs.append(calling(call("toolu_last", "Bash", command="pytest")))
+    msgs.append(calling(tool_call("toolu_last", "Bash", {"command": "pytest"})))
     msgs.append(result("toolu_last", text(huge, 99)))  # agents prepare right after a result
     return msgs
 
@@ -96,7 +89,7 @@ def tau(turns: int = 20) -> list[Message]:
     for i in range(turns):
         shot = [{"type": "text", "text": f"screenshot {i} 😀 中文 ü"}, SCREENSHOT]
         msgs.append({"role": "user", "name": "customer", "content": shot})
-        msgs.append(calling(call(f"c{i}", "get_reservation", id=i)))
+        msgs.append(calling(tool_call(f"c{i}", "get_reservation", {"id": i})))
         msgs.append(result(f"c{i}", "" if i % 5 == 0 else json.dumps({"r": text(2000, i)})))
         if i % 10 == 5:
             msgs.append({"role": "system", "content": "Reminder: verify identity. 🔥"})
@@ -106,7 +99,7 @@ def tau(turns: int = 20) -> list[Message]:
 
 def pending(msgs: list[Message]) -> list[Message]:
     """`msgs` with a last call still in flight."""
-    return [*msgs, calling(call("inflight", cmd="make"))]
+    return [*msgs, calling(tool_call("inflight", "bash", {"cmd": "make"}))]
 
 
 def too_big(chars: int = 700_000) -> list[list[Message]]:

@@ -24,6 +24,8 @@ from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, long_session, needs_transcripts, transcript_files
 from tests.shared.generated import transcripts
 
+pytestmark = pytest.mark.anyio
+
 
 class _Drop(DropOldest):
     """DropOldest under another type: a policy holding it runs the strategies themselves."""
@@ -44,24 +46,23 @@ def twins(window: int, counter: TokenCounter, **kw: Any) -> tuple[ContextPolicy,
     return fast, slow
 
 
-def run_or_refusal(
-    loop: asyncio.AbstractEventLoop, policy: ContextPolicy, msgs: list[Message], **kw: Any
+async def run_or_refusal(
+    policy: ContextPolicy, msgs: list[Message], **kw: Any
 ) -> Prepared | DoesNotFit:
     """What `policy.prepare(msgs)` returns, or the `DoesNotFit` it raises."""
     try:
-        return loop.run_until_complete(policy.prepare(msgs, **kw))
+        return await policy.prepare(msgs, **kw)
     except DoesNotFit as exc:
         return exc
 
 
-def assert_same(
-    loop: asyncio.AbstractEventLoop,
+async def assert_same(
     fast: ContextPolicy,
     slow: ContextPolicy,
     msgs: list[Message],
     **kw: Any,
 ) -> None:
-    same(run_or_refusal(loop, fast, msgs, **kw), run_or_refusal(loop, slow, msgs, **kw))
+    same(await run_or_refusal(fast, msgs, **kw), await run_or_refusal(slow, msgs, **kw))
 
 
 def same(got: Prepared | DoesNotFit, expected: Prepared | DoesNotFit) -> None:
@@ -73,8 +74,7 @@ def same(got: Prepared | DoesNotFit, expected: Prepared | DoesNotFit) -> None:
     assert got.messages == expected.messages
 
 
-def replay(
-    loop: asyncio.AbstractEventLoop,
+async def replay(
     fast: ContextPolicy,
     slow: ContextPolicy,
     msgs: list[Message],
@@ -82,35 +82,30 @@ def replay(
     **kw: Any,
 ) -> None:
     for _, end in groups(msgs)[::every]:
-        assert_same(loop, fast, slow, msgs[:end], **kw)
-    assert_same(loop, fast, slow, msgs, **kw)
+        await assert_same(fast, slow, msgs[:end], **kw)
+    await assert_same(fast, slow, msgs, **kw)
 
 
 @needs_transcripts
 @pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:60])
-def test_real_transcripts_turn_by_turn_heuristic(
-    loop: asyncio.AbstractEventLoop, path: Path
-) -> None:
+async def test_real_transcripts_turn_by_turn_heuristic(path: Path) -> None:
     """Every turn of every real transcript, at four windows, same messages and report."""
     data = load_transcript(path)
     for window in (8_000, 16_000, 32_000, 128_000):
         fast, slow = twins(window, HeuristicCounter(), reserve_output=1024)
-        replay(loop, fast, slow, data["messages"], tools=data.get("tools", ()))
+        await replay(fast, slow, data["messages"], tools=data.get("tools", ()))
 
 
 @needs_transcripts
 @pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:60])
-def test_real_transcripts_turn_by_turn_tiktoken(
-    loop: asyncio.AbstractEventLoop, path: Path, tiktoken_dir: Path
-) -> None:
+async def test_real_transcripts_turn_by_turn_tiktoken(path: Path, tiktoken_dir: Path) -> None:
     """The same with exact counts, calibrated, under pressure."""
     data = load_transcript(path)
     counter = CalibratedCounter(TiktokenCounter(directory=tiktoken_dir))
     counter.observe("m", 1000, 1270)
     for window in (8_000, 32_000):
         fast, slow = twins(window, counter, reserve_output=1024)
-        replay(
-            loop,
+        await replay(
             fast,
             slow,
             data["messages"],
@@ -122,11 +117,11 @@ def test_real_transcripts_turn_by_turn_tiktoken(
 
 
 @needs_transcripts
-def test_a_thousand_message_session(loop: asyncio.AbstractEventLoop) -> None:
+async def test_a_thousand_message_session() -> None:
     """The real transcripts chained into one long session: hundreds of groups dropped."""
     session = long_session(1000)
     fast, slow = twins(128_000, HeuristicCounter())
-    replay(loop, fast, slow, session, every=7)
+    await replay(fast, slow, session, every=7)
 
 
 settings_used = st.fixed_dictionaries(
@@ -167,9 +162,12 @@ def counter_of(s: dict[str, Any]) -> TokenCounter:
     return counter.scaled(None) if s["scaled"] else counter
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(transcripts(max_groups=25), settings_used)
-def test_generated_transcripts_with_any_settings(msgs: list[Message], s: dict[str, Any]) -> None:
+async def test_generated_transcripts_with_any_settings(
+    msgs: list[Message], s: dict[str, Any]
+) -> None:
     """Generated transcripts, replayed, under every setting the ledger depends on."""
     fast, slow = twins(
         s["window"],
@@ -185,16 +183,13 @@ def test_generated_transcripts_with_any_settings(msgs: list[Message], s: dict[st
         "pressure": s["pressure"],
         "book": SummaryBook([]) if s["book"] else None,
     }
-    loop = asyncio.new_event_loop()
-    try:
-        replay(loop, fast, slow, msgs, **kw)
-    finally:
-        loop.close()
+    await replay(fast, slow, msgs, **kw)
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(transcripts(max_groups=25), settings_used, st.integers(0, 10_000), st.sampled_from([1, 400]))
-def test_a_stored_summary_served_from_the_ledger(
+async def test_a_stored_summary_served_from_the_ledger(
     msgs: list[Message], s: dict[str, Any], seed: int, words: int
 ) -> None:
     """A book holding a record: served, or cut past, exactly as without the ledger."""
@@ -206,26 +201,23 @@ def test_a_stored_summary_served_from_the_ledger(
         keep_first_user=s["keep_first_user"], truncate=s["truncate"], clear=s["clear"],
     )  # fmt: skip
     kw = {"tools": s["tools"], "pressure": s["pressure"], "book": SummaryBook([record])}
-    loop = asyncio.new_event_loop()
-    try:
-        replay(loop, fast, slow, msgs, **kw)
-    finally:
-        loop.close()
+    await replay(fast, slow, msgs, **kw)
 
 
+@pytest.mark.slow
 @needs_transcripts
-def test_a_long_session_served_from_records(loop: asyncio.AbstractEventLoop) -> None:
+async def test_a_long_session_served_from_records() -> None:
     """The long session with a record every few groups, at 128k: the same prompt and report."""
     session = long_session(1000)
     hashes = prefix_hashes(session)
     ends = [end for _, end in groups(session)]
     book = SummaryBook([SummaryRecord(e, hashes[e], "summary " * 300) for e in ends[5::40]])
     fast, slow = twins(128_000, HeuristicCounter())
-    replay(loop, fast, slow, session, every=5, book=book)
+    await replay(fast, slow, session, every=5, book=book)
 
 
 @needs_transcripts
-def test_frozen_snapshots_of_a_stored_conversation(loop: asyncio.AbstractEventLoop) -> None:
+async def test_frozen_snapshots_of_a_stored_conversation() -> None:
     """Snapshots as a store's cache hands them out (new lists, shared messages, frozen),
     named, with a record in the book: the same prompt and report as the strategies."""
     session = long_session(400)
@@ -236,15 +228,15 @@ def test_frozen_snapshots_of_a_stored_conversation(loop: asyncio.AbstractEventLo
     for end in [*ends[::3], len(session)]:
         snapshot = session[:end]
         kw: dict[str, Any] = {"book": book, "hashes": hashes[: end + 1]}
-        expected = run_or_refusal(loop, slow, snapshot, **kw)
+        expected = await run_or_refusal(slow, snapshot, **kw)
         for _ in range(2):  # the first compares, the second recognises the snapshot
             same(
-                run_or_refusal(loop, fast, snapshot, conversation=("t", "c"), frozen=True, **kw),
+                await run_or_refusal(fast, snapshot, conversation=("t", "c"), frozen=True, **kw),
                 expected,
             )
 
 
-def test_tool_results_in_the_head_are_truncated_too(loop: asyncio.AbstractEventLoop) -> None:
+async def test_tool_results_in_the_head_are_truncated_too() -> None:
     """A tool result kept in the head (a small gap before the task) over `max_chars` is
     shortened, as the strategy shortens it, whether groups are dropped or not."""
     call = {"id": "c0", "type": "function", "function": {"name": "f", "arguments": "{}"}}
@@ -262,29 +254,29 @@ def test_tool_results_in_the_head_are_truncated_too(loop: asyncio.AbstractEventL
         fast, slow = twins(
             2_000, HeuristicCounter(), reserve_output=500, truncate={"max_chars": 10}
         )
-        assert_same(loop, fast, slow, msgs, pressure=0.3 if turns == 3 else 1.0)
+        await assert_same(fast, slow, msgs, pressure=0.3 if turns == 3 else 1.0)
 
 
-def test_a_message_changed_in_place_is_seen(loop: asyncio.AbstractEventLoop) -> None:
+async def test_a_message_changed_in_place_is_seen() -> None:
     """Mutating a message already taken in changes the next result, as it would the strategies'."""
     msgs = _agent(30)
     fast, slow = twins(4_000, HeuristicCounter(), reserve_output=500)
-    assert_same(loop, fast, slow, msgs)
+    await assert_same(fast, slow, msgs)
     msgs[-2]["content"] = "y" * 9000  # a recent tool result grows past max_chars
-    assert_same(loop, fast, slow, msgs)
+    await assert_same(fast, slow, msgs)
     msgs[3]["content"] = "short now"
-    assert_same(loop, fast, slow, msgs)
+    await assert_same(fast, slow, msgs)
 
 
-def test_changed_strategy_settings_rebuild_the_ledger(loop: asyncio.AbstractEventLoop) -> None:
+async def test_changed_strategy_settings_rebuild_the_ledger() -> None:
     """A strategy's settings changed between calls are honoured on the next call."""
     msgs = _agent(30)
     fast, slow = twins(4_000, HeuristicCounter(), reserve_output=500)
-    assert_same(loop, fast, slow, msgs)
+    await assert_same(fast, slow, msgs)
     for policy in (fast, slow):
         policy.strategies[0].max_chars = 100  # type: ignore[attr-defined]
         policy.strategies[1].placeholder = "[x]"  # type: ignore[attr-defined]
-    assert_same(loop, fast, slow, msgs)
+    await assert_same(fast, slow, msgs)
 
 
 def test_branches_of_one_conversation_from_many_threads() -> None:
@@ -299,7 +291,7 @@ def test_branches_of_one_conversation_from_many_threads() -> None:
         try:
             for _, end in groups(branch)[len(groups(base)) - 2 :]:
                 for _ in range(3):
-                    assert_same(loop, fast, slow, branch[:end])
+                    loop.run_until_complete(assert_same(fast, slow, branch[:end]))
         except BaseException as exc:
             errors.append(exc)
         finally:
@@ -328,7 +320,7 @@ def _agent(turns: int, tag: str = "") -> list[Message]:
     return msgs
 
 
-def test_the_latest_request_kept_between_two_runs(loop: asyncio.AbstractEventLoop) -> None:
+async def test_the_latest_request_kept_between_two_runs() -> None:
     """A follow-up request amid tool turns (some truncated, some cleared) is kept by both
     paths alike, turn by turn, with one marker on each side of it once both sides go."""
     follow_up: Message = {"role": "user", "content": "now also update the docs"}
@@ -337,17 +329,15 @@ def test_the_latest_request_kept_between_two_runs(loop: asyncio.AbstractEventLoo
     split = 0
     for window in (3_000, 4_000, 8_000):
         fast, slow = twins(window, HeuristicCounter(), reserve_output=500)
-        replay(loop, fast, slow, msgs)
-        out = run_or_refusal(loop, fast, msgs)
+        await replay(fast, slow, msgs)
+        out = await run_or_refusal(fast, msgs)
         assert isinstance(out, Prepared) and follow_up in out.messages
         markers = [m for m in out.messages if "were dropped here" in str(m["content"])]
         split += len(markers) == 2
     assert split > 0
 
 
-def test_legacy_function_calls_and_images_decide_the_same(
-    loop: asyncio.AbstractEventLoop,
-) -> None:
+async def test_legacy_function_calls_and_images_decide_the_same() -> None:
     """Legacy `function_call`/`function` pairs and tool results with images (some at detail
     low) get the same messages and report (or refusal) on the ledger path as from the
     strategies, the last resort's image placeholders included."""
@@ -374,4 +364,4 @@ def test_legacy_function_calls_and_images_decide_the_same(
         ]
     for window in (1_800, 3_000, 12_000):  # at 1,800 the last resort replaces images
         fast, slow = twins(window, HeuristicCounter(), reserve_output=500)
-        replay(loop, fast, slow, msgs, every=3)
+        await replay(fast, slow, msgs, every=3)

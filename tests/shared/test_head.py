@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -13,33 +12,31 @@ from shared.messages import Message
 from shared.policy import ContextPolicy
 from shared.strategies.drop import marker_counts
 from shared.summaries.extractive import ExtractiveSummarizer
+from tests.builders import tool_turn
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared import aider, preambles
-from tests.shared.generated import tool_call
 from tests.shared.invariants import check
+
+pytestmark = pytest.mark.anyio
 
 COUNTER = HeuristicCounter()
 GREETING: Message = {"role": "assistant", "content": "Hi! How can I help you today?"}
 TASK: Message = {"role": "user", "content": "Cancel my flight HAT123 and refund it to my card."}
 
 
-def call(i: int, output: str) -> list[Message]:
-    """An assistant tool call and its result."""
-    return tool_call(f"call_{i}", "get_reservation", f'{{"id": "R{i}"}}', output)
+def lookup(i: int, output: str) -> list[Message]:
+    """A reservation lookup (a tool call) and its result."""
+    return tool_turn(f"call_{i}", "get_reservation", f'{{"id": "R{i}"}}', output)
 
 
 def airline(turns: int, size: int = 900) -> list[Message]:
     """A customer-service shape: the agent greets, the user states the task, tools follow."""
     msgs: list[Message] = [GREETING, TASK]
     for i in range(turns):
-        msgs += call(i, f"reservation R{i}: " + "x" * size)
+        msgs += lookup(i, f"reservation R{i}: " + "x" * size)
         msgs.append({"role": "assistant", "content": f"I found reservation R{i}. " + "y" * 200})
         msgs.append({"role": "user", "content": f"ok, go on with step {i}"})
     return msgs
-
-
-def prepare(policy: ContextPolicy, msgs: list[Message]) -> Any:
-    return asyncio.run(policy.prepare(msgs))
 
 
 def test_task_after_a_greeting_is_in_the_head() -> None:
@@ -54,7 +51,7 @@ def test_task_after_a_greeting_is_in_the_head() -> None:
 
 def test_large_opening_is_cut_able_but_the_task_is_not() -> None:
     """An agent that worked before the user spoke: that work may go, the task stays."""
-    msgs = [{"role": "system", "content": "s"}, *call(0, "z" * (GAP_MAX_CHARS + 1)), TASK]
+    msgs = [{"role": "system", "content": "s"}, *lookup(0, "z" * (GAP_MAX_CHARS + 1)), TASK]
     head = head_of(msgs)
     assert (head.lead, head.task, head.end, head.gap_kept) == (1, 3, 4, False)
     assert head.gap == (1, 3) and not head.contiguous
@@ -69,11 +66,12 @@ def test_no_user_message_yet_means_the_leading_messages() -> None:
 
 
 @pytest.mark.parametrize("window", [4_000, 8_000, 16_000])
-def test_greeting_first_conversation_keeps_the_task_when_cut(window: int) -> None:
+async def test_greeting_first_conversation_keeps_the_task_when_cut(window: int) -> None:
     """At small windows DropOldest cuts the middle, never the greeting or the task."""
     msgs = airline(80)
     policy = ContextPolicy(window, counter=COUNTER, reserve_output=512)
-    out = prepare(policy, msgs)
+    out = await policy.prepare(msgs)
+    assert out.report is not None
     assert out.report["dropped_groups"] > 0
     assert out.messages[:2] == [GREETING, TASK]
     assert out.report["head"] == {
@@ -83,12 +81,13 @@ def test_greeting_first_conversation_keeps_the_task_when_cut(window: int) -> Non
     check(policy, msgs, out, counter=COUNTER)
 
 
-def test_a_large_opening_is_dropped_before_anything_else() -> None:
+async def test_a_large_opening_is_dropped_before_anything_else() -> None:
     """The oldest groups go first, those before the task included, each run with its marker."""
-    opening = [m for i in range(3) for m in call(i, "w" * 1500)]
+    opening = [m for i in range(3) for m in lookup(i, "w" * 1500)]
     msgs = [{"role": "system", "content": "s"}, *opening, TASK, *airline(30)[2:]]
     policy = ContextPolicy(6_000, counter=COUNTER, reserve_output=512)
-    out = prepare(policy, msgs)
+    out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     task_at = out.messages.index(TASK)
     before = out.messages[1:task_at]
@@ -104,12 +103,12 @@ def test_a_large_opening_is_dropped_before_anything_else() -> None:
     "path", [p for p in transcript_files() if p.name.startswith("tau2")], ids=lambda p: p.stem
 )
 @pytest.mark.parametrize("window", [8_000, 16_000])
-def test_real_greeting_first_transcripts_keep_the_task(path: Any, window: int) -> None:
+async def test_real_greeting_first_transcripts_keep_the_task(path: Any, window: int) -> None:
     """tau2-bench airline conversations (greeting first) keep their task at small windows."""
     msgs = load_transcript(path)["messages"]
     assert msgs[0]["role"] == "assistant" and msgs[1]["role"] == "user"
     policy = ContextPolicy(window, counter=COUNTER, reserve_output=1024)
-    out = prepare(policy, msgs)
+    out = await policy.prepare(msgs)
     assert out.messages[:2] == msgs[:2]
     check(policy, msgs, out, counter=COUNTER)
 
@@ -161,7 +160,7 @@ def test_preamble_and_acknowledged_context_are_not_the_task() -> None:
     assert head_of([env, ok, TASK, GREETING]).task == 2
     asked = {"role": "assistant", "content": "Sure. Which flight?"}  # a question: no ack
     assert head_of([TASK, asked, {"role": "user", "content": "HAT123"}]).task == 0
-    tools = [TASK, *call(0, "R0"), {"role": "user", "content": "next"}]
+    tools = [TASK, *lookup(0, "R0"), {"role": "user", "content": "next"}]
     assert head_of(tools).task == 0 and head_of(tools).final
 
 
@@ -174,12 +173,13 @@ def test_a_lone_greeting_waits_for_the_task() -> None:
 
 
 @pytest.mark.parametrize("window", [3_000, 6_000])
-def test_aider_session_keeps_its_task_in_every_prompt(window: int) -> None:
+async def test_aider_session_keeps_its_task_in_every_prompt(window: int) -> None:
     """Over a long aider session at small windows every prompt holds the person's task."""
     policy = ContextPolicy(window, counter=COUNTER, reserve_output=512)
     cut = 0
     for msgs in aider.prompts(TEMPLATE_TASK, 40):
-        out = prepare(policy, msgs)
+        out = await policy.prepare(msgs)
+        assert out.report is not None
         assert contains(out.messages, TEMPLATE_TASK)
         assert out.messages[1] == aider.EXAMPLES[0]  # the first user message, pinned as before
         check(policy, msgs, out, counter=COUNTER)
@@ -189,7 +189,7 @@ def test_aider_session_keeps_its_task_in_every_prompt(window: int) -> None:
 
 @needs_transcripts
 @pytest.mark.parametrize("window", [8_000])
-def test_real_transcripts_behind_a_template_keep_their_task(window: int) -> None:
+async def test_real_transcripts_behind_a_template_keep_their_task(window: int) -> None:
     """Real transcripts with a few-shot exchange put before their task keep that task."""
     policy = ContextPolicy(window, counter=COUNTER, reserve_output=1024)
     for path in transcript_files():
@@ -200,13 +200,15 @@ def test_real_transcripts_behind_a_template_keep_their_task(window: int) -> None
         msgs = [*original[:first], *aider.EXAMPLES, *original[first:]]
         task, was = head_of(msgs).task, head_of(original).task
         assert task is not None and was is not None and msgs[task] is original[was], path.name
-        out = prepare(policy, msgs)
+        out = await policy.prepare(msgs)
         assert msgs[task] in out.messages, path.name
         check(policy, msgs, out, counter=COUNTER)
 
 
 @pytest.mark.parametrize("window", [6_000, 10_000])
-def test_aider_session_summarized_inline_keeps_its_task_and_first_request(window: int) -> None:
+async def test_aider_session_summarized_inline_keeps_its_task_and_first_request(
+    window: int,
+) -> None:
     """With summaries folded in as the session grows, every prompt still holds the task, and
     each summary the person's first request after it, verbatim."""
     policy = ContextPolicy(
@@ -214,7 +216,7 @@ def test_aider_session_summarized_inline_keeps_its_task_and_first_request(window
     )
     summarized = 0
     for step, msgs in enumerate(aider.prompts(TEMPLATE_TASK, 30)):
-        out = prepare(policy, msgs)
+        out = await policy.prepare(msgs)
         assert contains(out.messages, TEMPLATE_TASK), step
         assert out.messages[-1] == msgs[-1]
         summary = next((m for m in out.messages if contains([m], "[Summary of messages")), None)
@@ -279,7 +281,7 @@ def test_a_request_acknowledged_in_a_large_template_is_kept_with_the_head() -> N
 
 @pytest.mark.parametrize("window", [8_000, 16_000])
 @pytest.mark.parametrize("summarize", [False, True])
-def test_aider_run_session_keeps_the_persons_request_in_every_prompt(
+async def test_aider_run_session_keeps_the_persons_request_in_every_prompt(
     window: int, summarize: bool
 ) -> None:
     """40 `/run` logs and questions after a request answered "Understood. Send me the first
@@ -289,7 +291,8 @@ def test_aider_run_session_keeps_the_persons_request_in_every_prompt(
     policy = ContextPolicy(window, counter=COUNTER, reserve_output=512, summarizer=summarizer)
     cut = map_cut = 0
     for step, msgs in enumerate(aider.run_prompts(RUN_REQUEST, 41, map_chars=4000)):
-        out = prepare(policy, msgs)
+        out = await policy.prepare(msgs)
+        assert out.report is not None
         assert contains(out.messages, RUN_REQUEST), step
         check(policy, msgs, out, counter=COUNTER)
         cut += bool(out.report["changed"])

@@ -9,18 +9,15 @@ import pytest
 from shared.errors import InvalidRequest, InvalidTranscript
 from shared.head import head_end
 from shared.messages import groups, validate
+from tests.builders import calling, tool_call
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
-
-
-def call(i: str) -> dict[str, Any]:
-    return {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
 
 
 def test_groups_keep_calls_with_their_results() -> None:
     """An assistant message with tool calls and its results form one group."""
     msgs = [
         {"role": "user", "content": "a"},
-        {"role": "assistant", "content": None, "tool_calls": [call("1"), call("2")]},
+        calling(tool_call("1", "f", "{}"), tool_call("2", "f", "{}")),
         {"role": "tool", "tool_call_id": "1", "content": "x"},
         {"role": "tool", "tool_call_id": "2", "content": "y"},
         {"role": "assistant", "content": "done"},
@@ -46,11 +43,11 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
     """Ids repeat across turns in real clients; a last call may still be unanswered."""
     msgs = [
         {"role": "user", "content": "a"},
-        {"role": "assistant", "content": "", "tool_calls": [call("0")]},
+        {"role": "assistant", "content": "", "tool_calls": [tool_call("0", "f", "{}")]},
         {"role": "tool", "tool_call_id": "0", "content": "x", "name": "f"},
-        {"role": "assistant", "content": None, "tool_calls": [call("0")]},
+        calling(tool_call("0", "f", "{}")),
         {"role": "tool", "tool_call_id": "0", "content": ""},
-        {"role": "assistant", "content": None, "tool_calls": [call("0")]},
+        calling(tool_call("0", "f", "{}")),
     ]
     assert validate(msgs) == msgs
 
@@ -71,7 +68,7 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
         ),
         (
             [
-                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                calling(tool_call("1", "f", "{}")),
                 {"role": "tool", "tool_call_id": "2", "content": "x"},
             ],
             1,
@@ -79,7 +76,7 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
         ),
         (
             [
-                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                calling(tool_call("1", "f", "{}")),
                 {"role": "tool", "content": "x"},
             ],
             1,
@@ -93,7 +90,7 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
         ([{"role": "user", "content": [{"type": "text"}]}], 0, "needs a string 'text'"),
         (
             [
-                {"role": "assistant", "content": None, "tool_calls": [call("1"), call("2")]},
+                calling(tool_call("1", "f", "{}"), tool_call("2", "f", "{}")),
                 {"role": "tool", "tool_call_id": "1", "content": "x"},
                 {"role": "user", "content": "and?"},
             ],
@@ -102,15 +99,15 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
         ),
         (
             [
-                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
-                {"role": "assistant", "content": None, "tool_calls": [call("2")]},
+                calling(tool_call("1", "f", "{}")),
+                calling(tool_call("2", "f", "{}")),
             ],
             1,
             "'1' were never answered",
         ),
         (
             [
-                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                calling(tool_call("1", "f", "{}")),
                 {"role": "tool", "tool_call_id": "1", "content": "x"},
                 {"role": "tool", "tool_call_id": "1", "content": "again"},
             ],
@@ -118,13 +115,13 @@ def test_reused_ids_and_trailing_pending_call_are_valid() -> None:
             "was already answered",
         ),
         (
-            [{"role": "assistant", "content": None, "tool_calls": [call("1"), call("1")]}],
+            [calling(tool_call("1", "f", "{}"), tool_call("1", "f", "{}"))],
             0,
             "appears twice in one message",
         ),
         (
             [
-                {"role": "assistant", "content": None, "tool_calls": [call("1")]},
+                calling(tool_call("1", "f", "{}")),
                 {"role": "tool", "tool_call_id": "1", "content": "x"},
                 {"role": "user", "content": "ok"},
                 {"role": "tool", "tool_call_id": "1", "content": "late"},
@@ -155,7 +152,7 @@ def test_shapes_providers_accept_stay_valid() -> None:
     """Calls in flight at the end (all or some answered), the same role twice, null content."""
     pending = [
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": None, "tool_calls": [call("a"), call("b")]},
+        calling(tool_call("a", "f", "{}"), tool_call("b", "f", "{}")),
         {"role": "tool", "tool_call_id": "b", "content": "b first"},
     ]
     assert validate(pending) == pending

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,38 +26,13 @@ from shared.strategies import DropOldest, Summarize
 from shared.strategies.drop import drop_marker
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.llm import Completion
+from tests.builders import agent_chat
 from tests.shared.generated import transcripts
 from tests.shared.invariants import assert_uncuttable, check
 
+pytestmark = pytest.mark.anyio
+
 COUNTER = HeuristicCounter()
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-def chat(n: int, size: int = 400) -> list[Message]:
-    msgs: list[Message] = [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "task"},
-    ]
-    for i in range(n):
-        msgs.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": "c",
-                        "type": "function",
-                        "function": {"name": "bash", "arguments": f'{{"i": {i}}}'},
-                    }
-                ],
-            }
-        )
-        msgs.append({"role": "tool", "tool_call_id": "c", "content": f"out {i} " + "y" * size})
-        msgs.append({"role": "assistant", "content": f"step {i} done " + "z" * (size // 4)})
-    return msgs
 
 
 class CountingSummarizer:
@@ -87,19 +61,19 @@ class CountingSummarizer:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(transcripts(), st.integers(1500, 40_000), st.sampled_from([1.0, 0.8, 0.5]))
-def test_invariants_on_generated_transcripts(
+async def test_invariants_on_generated_transcripts(
     msgs: list[Message], window: int, pressure: float
 ) -> None:
     """Any valid transcript fits, or raises DoesNotFit because what may never be cut (head,
     recent turns, tool specs) is over the budget by itself."""
     policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
     try:
-        out = run(policy.prepare(msgs, pressure=pressure))
+        out = await policy.prepare(msgs, pressure=pressure)
     except DoesNotFit as e:
         assert_uncuttable(e)
         return
     check(policy, msgs, out, counter=COUNTER, pressure=pressure)
-    assert run(policy.prepare(msgs, pressure=pressure)).messages == out.messages
+    assert (await policy.prepare(msgs, pressure=pressure)).messages == out.messages
 
 
 def two_runs_around_the_latest_request() -> list[Message]:
@@ -137,12 +111,12 @@ def two_runs_around_the_latest_request() -> list[Message]:
 TEXT_END = {"type": "text", "text": ""}
 
 
-def test_the_latest_request_goes_before_a_refusal() -> None:
+async def test_the_latest_request_goes_before_a_refusal() -> None:
     """Over the budget only by what DropOldest kept as a courtesy (the latest request, two
     markers), the prompt drops the request, joins the runs behind one marker, and fits."""
     msgs = two_runs_around_the_latest_request()
     policy = ContextPolicy(1500 + 1024, counter=COUNTER, reserve_output=1024)
-    out = run(policy.prepare(msgs))
+    out = await policy.prepare(msgs)
     assert out.report is not None
     applied = [a["strategy"] for a in out.report["applied"]]
     assert applied == ["DropOldest", "LastResortDropRequest"]
@@ -153,14 +127,14 @@ def test_the_latest_request_goes_before_a_refusal() -> None:
     check(policy, msgs, out, counter=COUNTER)
 
 
-def test_markers_go_before_a_refusal() -> None:
+async def test_markers_go_before_a_refusal() -> None:
     """When head and recent turns fit only without the drop marker, the marker goes too."""
-    msgs = chat(30)
+    msgs = agent_chat(30)
     head, tail = msgs[:2], msgs[-1:]  # keep_recent=1: the last group is one message
     fits = COUNTER.count([*head, *tail], (), None)
     assert COUNTER.count([*head, drop_marker(1, 1), *tail], (), None) > fits
     policy = ContextPolicy(fits, counter=COUNTER, reserve_output=0, keep_recent=1)
-    out = run(policy.prepare(msgs))
+    out = await policy.prepare(msgs)
     assert out.report is not None
     assert out.report["applied"][-1]["strategy"] == "LastResortDropMarkers"
     assert out.messages == [*head, *tail]
@@ -172,13 +146,13 @@ def test_markers_go_before_a_refusal() -> None:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(transcripts(max_groups=40), st.integers(2000, 20_000))
-def test_invariants_with_inline_summaries(msgs: list[Message], window: int) -> None:
+async def test_invariants_with_inline_summaries(msgs: list[Message], window: int) -> None:
     """With a summarizer, summaries replace the oldest turns and the invariants still hold."""
     policy = ContextPolicy(
         window + 1024, counter=COUNTER, reserve_output=1024, summarizer=CountingSummarizer()
     )
     try:
-        out = run(policy.prepare(msgs, book=SummaryBook()))
+        out = await policy.prepare(msgs, book=SummaryBook())
     except DoesNotFit:
         return
     check(policy, msgs, out, counter=COUNTER)
@@ -186,19 +160,20 @@ def test_invariants_with_inline_summaries(msgs: list[Message], window: int) -> N
         assert record.prefix_hash == prefix_hashes(msgs[: record.upto])[-1]
 
 
-def test_unchanged_under_trigger() -> None:
+async def test_unchanged_under_trigger() -> None:
     """At or under trigger x budget the transcript comes back as it was, with a report."""
-    msgs = chat(3)
-    out = run(ContextPolicy(100_000).prepare(msgs))
+    msgs = agent_chat(3)
+    out = await ContextPolicy(100_000).prepare(msgs)
     assert out.messages == msgs
     assert out.report is not None and out.report["changed"] is False and out.report["applied"] == []
 
 
-def test_strategies_stop_once_under_target() -> None:
+async def test_strategies_stop_once_under_target() -> None:
     """Cheap strategies come first; later ones do not run once the target is met."""
-    msgs = chat(40, size=9000)
+    msgs = agent_chat(40, size=9000)
     policy = ContextPolicy(60_000, counter=COUNTER)
-    out = run(policy.prepare(msgs))
+    out = await policy.prepare(msgs)
+    assert out.report is not None
     names = [a["strategy"] for a in out.report["applied"]]
     assert names[0] == "TruncateToolResults"
     assert "DropOldest" not in names or names[-1] == "DropOldest"
@@ -206,24 +181,26 @@ def test_strategies_stop_once_under_target() -> None:
     assert all(a["saved"] > 0 for a in out.report["applied"])
 
 
-def test_drop_oldest_leaves_a_marker_and_keeps_head_and_tail() -> None:
+async def test_drop_oldest_leaves_a_marker_and_keeps_head_and_tail() -> None:
     """DropOldest removes whole groups after the head and says so in one marker."""
-    msgs = chat(60)
+    msgs = agent_chat(60)
     policy = ContextPolicy(8000, counter=COUNTER, reserve_output=1000, strategies=[DropOldest()])
-    out = run(policy.prepare(msgs))
+    out = await policy.prepare(msgs)
+    assert out.report is not None
     markers = [m for m in out.messages if "were dropped here" in str(m.get("content"))]
     assert len(markers) == 1 and out.report["dropped_groups"] > 0
     assert out.messages[:2] == msgs[:2] and out.messages[-3:] == msgs[-3:]
     assert out.report["tokens_after"] <= out.report["target_tokens"]
 
 
-def test_summary_from_book_is_used_and_reported() -> None:
+async def test_summary_from_book_is_used_and_reported() -> None:
     """A matching record replaces its range; the report names it."""
-    msgs = chat(40)
+    msgs = agent_chat(40)
     upto = 2 + 3 * 20
     record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "THE SUMMARY")
     policy = ContextPolicy(12_000, counter=COUNTER, strategies=[Summarize(), DropOldest()])
-    out = run(policy.prepare(msgs, book=SummaryBook([record])))
+    out = await policy.prepare(msgs, book=SummaryBook([record]))
+    assert out.report is not None
     assert out.report["summary"] == {
         "upto": upto,
         "prefix_hash": record.prefix_hash,
@@ -233,87 +210,88 @@ def test_summary_from_book_is_used_and_reported() -> None:
     assert out.messages[3:6] == msgs[upto : upto + 3] or out.report["dropped_groups"] > 0
 
 
-def test_book_only_marks_stale_when_summary_is_due() -> None:
+async def test_book_only_marks_stale_when_summary_is_due() -> None:
     """Without a summarizer, an over-target result after the book's record is reported stale."""
-    msgs = chat(80)
+    msgs = agent_chat(80)
     policy = ContextPolicy(12_000, counter=COUNTER, strategies=[Summarize(), DropOldest()])
-    out = run(policy.prepare(msgs, book=SummaryBook()))
+    out = await policy.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["stale"] is True and out.report["dropped_groups"] > 0
 
 
-def test_inline_summary_is_incremental() -> None:
+async def test_inline_summary_is_incremental() -> None:
     """A second prepare folds the earlier record and summarizes only the new range."""
     summarizer = CountingSummarizer()
     policy = ContextPolicy(
         12_000, counter=COUNTER, summarizer=summarizer, strategies=[Summarize(), DropOldest()]
     )
     book = SummaryBook()
-    msgs = chat(60)
-    first = run(policy.prepare(msgs, book=book))
+    msgs = agent_chat(60)
+    first = await policy.prepare(msgs, book=book)
     assert (
         len(first.new_summaries) == 1
         and first.tokens_spent == 15
         and first.cost == pytest.approx(0.01)
     )
     upto = first.new_summaries[0].upto
-    more = chat(90)
-    second = run(policy.prepare(more, book=book))
+    more = agent_chat(90)
+    second = await policy.prepare(more, book=book)
     assert second.new_summaries and second.new_summaries[0].upto > upto
     assert sum(summarizer.calls) == second.new_summaries[0].upto - 2  # each message folded once
 
 
-def test_chunking_splits_long_ranges() -> None:
+async def test_chunking_splits_long_ranges() -> None:
     """A range larger than chunk_tokens is summarized chunk by chunk."""
     summarizer = CountingSummarizer()
     strategy = Summarize(chunk_tokens=2000)
     policy = ContextPolicy(
         30_000, counter=COUNTER, summarizer=summarizer, strategies=[strategy, DropOldest()]
     )
-    run(policy.prepare(chat(200), book=SummaryBook()))
+    await policy.prepare(agent_chat(200), book=SummaryBook())
     assert len(summarizer.calls) > 3
 
 
-def test_does_not_fit_when_head_alone_is_too_big() -> None:
+async def test_does_not_fit_when_head_alone_is_too_big() -> None:
     """A head bigger than the budget raises DoesNotFit with the figures."""
     msgs = [
         {"role": "system", "content": "x" * 50_000},
         {"role": "user", "content": "hi"},
-        *chat(5)[2:],
+        *agent_chat(5)[2:],
     ]
     with pytest.raises(DoesNotFit) as err:
-        run(ContextPolicy(8000, counter=COUNTER, reserve_output=1000).prepare(msgs))
+        await ContextPolicy(8000, counter=COUNTER, reserve_output=1000).prepare(msgs)
     assert err.value.budget == 7000 and err.value.head_tokens > 7000
 
 
-def test_pressure_forces_deeper_cuts() -> None:
+async def test_pressure_forces_deeper_cuts() -> None:
     """pressure < 1 treats the estimate as too low and cuts further."""
-    msgs = chat(60)
+    msgs = agent_chat(60)
     policy = ContextPolicy(16_000, counter=COUNTER, reserve_output=1000)
-    loose = run(policy.prepare(msgs))
-    tight = run(policy.prepare(msgs, pressure=0.5))
+    loose = await policy.prepare(msgs)
+    tight = await policy.prepare(msgs, pressure=0.5)
     assert COUNTER.count(tight.messages) < COUNTER.count(loose.messages)
 
 
-def test_bad_inputs_raise_typed_errors() -> None:
+async def test_bad_inputs_raise_typed_errors() -> None:
     """Malformed transcripts, pressures and windows raise precise typed errors."""
     policy = ContextPolicy(8000)
     with pytest.raises(InvalidTranscript, match="message 1: unknown role"):
-        run(policy.prepare([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]))
+        await policy.prepare([{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}])
     with pytest.raises(ConfigError, match="pressure"):
-        run(policy.prepare([], pressure=0))
+        await policy.prepare([], pressure=0)
     with pytest.raises(ConfigError):
         ContextPolicy(4000, reserve_output=4096)
     windows = {"gpt": 8000}
     hello = [{"role": "user", "content": "hello"}]
     with pytest.raises(UnknownModel, match="'other'"):
-        run(ContextPolicy(lambda m: windows[m or ""]).prepare(hello, model="other"))
+        await ContextPolicy(lambda m: windows[m or ""]).prepare(hello, model="other")
     with pytest.raises(InvalidTranscript, match="empty"):
-        run(policy.prepare([]))
+        await policy.prepare([])
 
 
 def test_keep_first_user_can_be_turned_off() -> None:
     """keep_first_user=False leaves only system/developer messages in the head."""
-    msgs = chat(2)
+    msgs = agent_chat(2)
     assert ContextPolicy(8000).regions(msgs)[0] == 2
     assert ContextPolicy(8000, keep_first_user=False).regions(msgs)[0] == 1
 
@@ -321,39 +299,40 @@ def test_keep_first_user_can_be_turned_off() -> None:
 def test_plan_summary_steps_the_cut() -> None:
     """Workers get a plan only when nearing; once its record exists, none until nearing again."""
     policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1000)
-    assert policy.plan_summary(chat(5), book=SummaryBook()) is None
-    msgs = chat(48)
+    assert policy.plan_summary(agent_chat(5), book=SummaryBook()) is None
+    msgs = agent_chat(48)
     assert policy.state(policy.effective_tokens(msgs), None) != "under"
     plan = policy.plan_summary(msgs, book=SummaryBook())
     assert plan is not None and plan.previous is None and plan.start == 2
     book = SummaryBook([SummaryRecord(plan.cut, plan.prefix_hash, "s", tokens=20)])
     assert policy.plan_summary(msgs, book=book) is None
     assert (
-        policy.plan_summary(chat(49), book=book) is None
+        policy.plan_summary(agent_chat(49), book=book) is None
     )  # one more turn: same prefix, no new cut
 
 
-def test_a_record_under_the_trigger_is_served_alone() -> None:
+async def test_a_record_under_the_trigger_is_served_alone() -> None:
     """[head][summary][rest] is sent as is when it fits: nothing else is cut, prefix stays."""
-    msgs = chat(50)
+    msgs = agent_chat(50)
     upto = 2 + 3 * 30
     record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "THE SUMMARY", tokens=10)
     policy = ContextPolicy(10_000, counter=COUNTER, reserve_output=1000)
-    out = run(policy.prepare(msgs, book=SummaryBook([record]), hashes=prefix_hashes(msgs)))
+    out = await policy.prepare(msgs, book=SummaryBook([record]), hashes=prefix_hashes(msgs))
+    assert out.report is not None
     assert [a["strategy"] for a in out.report["applied"]] == ["Summarize"]
     assert out.messages[:2] == msgs[:2] and out.messages[3:] == msgs[upto:]
     assert out.messages[2]["content"].endswith("THE SUMMARY") and out.report["stale"] is False
-    longer = run(policy.prepare(chat(51), book=SummaryBook([record])))
+    longer = await policy.prepare(agent_chat(51), book=SummaryBook([record]))
     assert longer.messages[:3] == out.messages[:3]  # byte-stable prefix across turns
 
 
-def test_records_made_when_planned_keep_prepare_fresh() -> None:
+async def test_records_made_when_planned_keep_prepare_fresh() -> None:
     """Growing turn by turn, writing each planned record at once: prepare is never stale."""
     policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1000)
     book = SummaryBook()
     written = []
     for n in range(1, 160):
-        msgs = chat(n)
+        msgs = agent_chat(n)
         plan = policy.plan_summary(msgs, book=book)
         if plan is not None:
             text = f"summary up to {plan.cut}"
@@ -366,33 +345,35 @@ def test_records_made_when_planned_keep_prepare_fresh() -> None:
                 )
             )
             written.append(plan.cut)
-        out = run(policy.prepare(msgs, book=book))
+        out = await policy.prepare(msgs, book=book)
+        assert out.report is not None
         assert out.report["stale"] is False, f"stale at {n} turns"
         assert out.report["dropped_groups"] == 0
     assert len(written) >= 3 and written == sorted(written)
     assert len(set(written)) == len(written)  # the cut moves in steps, never twice to one place
 
 
-def test_stale_when_the_worker_is_behind() -> None:
+async def test_stale_when_the_worker_is_behind() -> None:
     """No record where one is due: stale, and a plan exists for the workers."""
     policy = ContextPolicy(
         12_000, counter=COUNTER, reserve_output=1000, strategies=[Summarize(), DropOldest()]
     )
-    msgs = chat(70)
-    out = run(policy.prepare(msgs, book=SummaryBook()))
+    msgs = agent_chat(70)
+    out = await policy.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["stale"] is True
     assert policy.plan_summary(msgs, book=SummaryBook()) is not None
 
 
-def test_wrong_number_of_hashes_is_refused() -> None:
+async def test_wrong_number_of_hashes_is_refused() -> None:
     """Caller-supplied prefix hashes must match the transcript."""
     with pytest.raises(ConfigError, match="prefix hashes"):
-        run(ContextPolicy(2000, reserve_output=100).prepare(chat(20), hashes=["v1:x"]))
+        await ContextPolicy(2000, reserve_output=100).prepare(agent_chat(20), hashes=["v1:x"])
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(transcripts(max_groups=30), st.integers(0, 10_000), st.booleans())
-def test_a_record_is_used_only_for_its_own_prefix(
+async def test_a_record_is_used_only_for_its_own_prefix(
     msgs: list[Message], seed: int, matches: bool
 ) -> None:
     """A record whose prefix differs by content from the transcript's is never served."""
@@ -408,7 +389,8 @@ def test_a_record_is_used_only_for_its_own_prefix(
     source = msgs if matches else other
     record = SummaryRecord(upto, prefix_hashes(source[:upto])[-1], "STORED")
     try:
-        out = run(policy.prepare(msgs, book=SummaryBook([record])))
+        out = await policy.prepare(msgs, book=SummaryBook([record]))
+        assert out.report is not None
     except DoesNotFit:
         return
     used = any("STORED" in str(m.get("content")) for m in out.messages)
@@ -431,26 +413,28 @@ def _plain(turns: int, size: int, tail: list[int]) -> list[Message]:
     return msgs
 
 
-def test_not_stale_when_only_the_recent_turns_are_left() -> None:
+async def test_not_stale_when_only_the_recent_turns_are_left() -> None:
     """A record reaching the protected recent turns is the best possible: over the trigger,
     yet nothing newer can be made, so the report is not stale and nothing is planned."""
     policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1_000)
     msgs = _plain(20, 400, [12_000, 12_000, 12_000])
     tail = policy.regions(msgs)[1]
     book = SummaryBook([SummaryRecord(tail, prefix_hashes(msgs)[tail], "all before the tail")])
-    out = run(policy.prepare(msgs, book=book))
+    out = await policy.prepare(msgs, book=book)
+    assert out.report is not None
     assert out.report["tokens_before"] > out.report["trigger_tokens"]
     assert out.report["summary"]["upto"] == tail
     assert out.report["stale"] is False
     assert policy.plan_summary(msgs, book=book) is None and not policy.summary_due(msgs, book=book)
 
 
-def test_not_stale_when_the_rest_already_fits_in_what_a_summary_keeps() -> None:
+async def test_not_stale_when_the_rest_already_fits_in_what_a_summary_keeps() -> None:
     """A large head and a small rest: a summary would keep all of it, so none is due."""
     policy = ContextPolicy(12_000, counter=COUNTER, reserve_output=1_000)
     msgs = _plain(6, 200, [300, 300, 300])
     msgs[0] = {"role": "system", "content": "rules " + "s" * 31_000}
-    out = run(policy.prepare(msgs, book=SummaryBook()))
+    out = await policy.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["tokens_before"] > out.report["trigger_tokens"]
     assert out.report["stale"] is False
     assert policy.plan_summary(msgs, book=SummaryBook()) is None
@@ -458,21 +442,22 @@ def test_not_stale_when_the_rest_already_fits_in_what_a_summary_keeps() -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(transcripts(max_groups=30), st.integers(1_500, 20_000))
-def test_stale_only_when_a_record_is_due(msgs: list[Message], window: int) -> None:
+async def test_stale_only_when_a_record_is_due(msgs: list[Message], window: int) -> None:
     """Whenever prepare says stale, planning has a record for the workers to write."""
     policy = ContextPolicy(window + 1_000, counter=COUNTER, reserve_output=1_000)
     try:
-        out = run(policy.prepare(msgs, book=SummaryBook()))
+        out = await policy.prepare(msgs, book=SummaryBook())
+        assert out.report is not None
     except DoesNotFit:
         return
     if out.report["stale"]:
         assert policy.plan_summary(msgs, book=SummaryBook()) is not None
 
 
-def test_a_recounted_policy_prepares_as_a_new_one_would() -> None:
+async def test_a_recounted_policy_prepares_as_a_new_one_would() -> None:
     """Copies measuring at other ratios share what the policy remembers, and each answers
     exactly as a policy built with its counter (the remembered sizes are uncalibrated)."""
-    msgs = chat(60)
+    msgs = agent_chat(60)
     hashes = prefix_hashes(msgs)
     book = SummaryBook([SummaryRecord(122, hashes[122], "THE SUMMARY")])
     kept = ContextPolicy(12_000, counter=COUNTER)
@@ -481,13 +466,13 @@ def test_a_recounted_policy_prepares_as_a_new_one_would() -> None:
         counter = ScaledCounter(COUNTER, ratio)
         for shelf in (None, book):
             kw: dict[str, Any] = {"book": shelf, "hashes": hashes[: n + 1]}
-            got = run(kept.recounted(counter).prepare(msgs[:n], conversation="c", **kw))
-            fresh = run(ContextPolicy(12_000, counter=counter).prepare(msgs[:n], **kw))
+            got = await kept.recounted(counter).prepare(msgs[:n], conversation="c", **kw)
+            fresh = await ContextPolicy(12_000, counter=counter).prepare(msgs[:n], **kw)
             assert (got.messages, got.report) == (fresh.messages, fresh.report)
     assert kept.counter is COUNTER
 
 
-def test_observe_refuses_what_was_not_a_request(tiktoken_dir: Path) -> None:
+async def test_observe_refuses_what_was_not_a_request(tiktoken_dir: Path) -> None:
     """An empty or malformed `sent` is refused (typed) and leaves the ratio alone: a counter
     with per-request priming would otherwise read a request of no messages as 3x off."""
     policy = ContextPolicy(8000, counter=CalibratedCounter(TiktokenCounter(directory=tiktoken_dir)))
@@ -507,21 +492,23 @@ class WordySummarizer(CountingSummarizer):
         return Completion(text="word " * 3000, input_tokens=10, output_tokens=5, cost=0.01)
 
 
-def test_a_summary_too_big_for_the_window_is_left_out() -> None:
+async def test_a_summary_too_big_for_the_window_is_left_out() -> None:
     """A record (or an inline summary) bigger than the cut-able rest of a small window does
     not make prepare refuse what fits without it: the turns are cut without the summary, and
     a summary paid for is still handed back."""
-    msgs = chat(40)
+    msgs = agent_chat(40)
     upto = 2 + 3 * 20
     record = SummaryRecord(upto, prefix_hashes(msgs)[upto], "word " * 2000)
     policy = ContextPolicy(4_000, counter=COUNTER, reserve_output=1_000)
-    out = run(policy.prepare(msgs, book=SummaryBook([record])))
+    out = await policy.prepare(msgs, book=SummaryBook([record]))
+    assert out.report is not None
     assert out.report["summary"] is None and out.report["tokens_after"] <= 3_000
     check(policy, msgs, out, counter=COUNTER)
     inline = ContextPolicy(
         4_000, counter=COUNTER, reserve_output=1_000, summarizer=WordySummarizer()
     )
-    out = run(inline.prepare(msgs, book=SummaryBook()))
+    out = await inline.prepare(msgs, book=SummaryBook())
+    assert out.report is not None
     assert out.report["summary"] is None and out.new_summaries and out.cost > 0
 
 
@@ -536,12 +523,13 @@ class FailingSummarizer:
         raise RetryableLLMError("429 from the summarizer's provider", retry_after=30)
 
 
-def test_a_failing_summarizer_does_not_fail_the_request() -> None:
+async def test_a_failing_summarizer_does_not_fail_the_request() -> None:
     """A summarizer's 429 or timeout leaves the cut to the strategies after Summarize: the
     prompt fits, no summary, and the report says a summary is due (stale)."""
-    msgs = chat(60)
+    msgs = agent_chat(60)
     policy = ContextPolicy(8_000, counter=COUNTER, summarizer=FailingSummarizer())
-    out = run(policy.prepare(msgs))
+    out = await policy.prepare(msgs)
+    assert out.report is not None
     check(policy, msgs, out, counter=COUNTER)
     assert out.report["summary"] is None and out.report["stale"] is True
     assert out.report["dropped_groups"] > 0 and not out.new_summaries
@@ -559,7 +547,7 @@ def test_a_window_that_is_not_a_number_is_a_config_error() -> None:
     assert ContextPolicy(lambda model: 8000.7).budget("m") == 8000 - 4096
 
 
-def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> None:
+async def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> None:
     """A long transcript in OpenAI's legacy function-calling shape is prepared (not refused):
     dropping keeps each `function` result right after its `function_call`."""
     msgs: list[Message] = [{"role": "system", "content": "Be brief."}]
@@ -573,7 +561,7 @@ def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> Non
         ]
     counter = HeuristicCounter()
     policy = ContextPolicy(4_000, counter=counter, reserve_output=500)
-    out = asyncio.run(policy.prepare(msgs))
+    out = await policy.prepare(msgs)
     assert counter.count(out.messages) <= policy.budget(None) < counter.count(msgs)
     for k, m in enumerate(out.messages):
         if m["role"] == "function":
@@ -581,11 +569,11 @@ def test_legacy_function_calling_transcripts_are_fitted_with_pairs_kept() -> Non
     assert out.messages[-4:] == msgs[-4:]
 
 
-def test_the_latest_request_stays_while_older_turns_are_in() -> None:
+async def test_the_latest_request_stays_while_older_turns_are_in() -> None:
     """Strategies that drop nothing leave older turns in: a refusal, not a prompt without the
     user's latest request but with what came before it."""
     msgs = two_runs_around_the_latest_request()
     budget = COUNTER.count(msgs, (), None) - 100  # without the request (158 tokens) it fits
     policy = ContextPolicy(budget + 1024, counter=COUNTER, reserve_output=1024, strategies=[])
     with pytest.raises(DoesNotFit):
-        run(policy.prepare(msgs))
+        await policy.prepare(msgs)

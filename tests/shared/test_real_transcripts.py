@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared.invariants import assert_justified, check
 
 WINDOWS = (8_000, 16_000, 32_000, 128_000)
-pytestmark = needs_transcripts
+pytestmark = [needs_transcripts, pytest.mark.anyio]
 
 
 class CountOnlyTiktoken:
@@ -45,25 +44,29 @@ def counter(request: pytest.FixtureRequest) -> TokenCounter:
     return TiktokenCounter(directory=tiktoken_dir)
 
 
-def _prepare(policy: ContextPolicy, data: dict[str, Any], book: SummaryBook | None = None) -> Any:
-    return asyncio.run(policy.prepare(data["messages"], tools=data.get("tools", ()), book=book))
+async def _prepare(
+    policy: ContextPolicy, data: dict[str, Any], book: SummaryBook | None = None
+) -> Any:
+    return await policy.prepare(data["messages"], tools=data.get("tools", ()), book=book)
 
 
 @pytest.mark.parametrize("path", transcript_files(), ids=lambda p: p.stem[:60])
-def test_invariants_hold_at_every_window(path: Path, counter: TokenCounter) -> None:
+async def test_invariants_hold_at_every_window(path: Path, counter: TokenCounter) -> None:
     """Fits exactly, keeps pairs, head, last group and order, and is deterministic."""
     data = load_transcript(path)
     tools = data.get("tools", ())
     for window in WINDOWS:
         policy = ContextPolicy(window, counter=counter, reserve_output=1024)
         try:
-            first = _prepare(policy, data)
+            first = await _prepare(policy, data)
         except DoesNotFit as e:
             # only legitimate when what may never be cut is itself too big
             assert_justified(e)
             continue
         check(policy, data["messages"], first, counter=counter, tools=tools)
-        assert _prepare(policy, data).messages == first.messages, "same input, different output"
+        assert (await _prepare(policy, data)).messages == first.messages, (
+            "same input, different output"
+        )
 
 
 def summarizable(path: Path) -> bool:
@@ -75,7 +78,7 @@ def summarizable(path: Path) -> bool:
 @pytest.mark.parametrize(
     "path", [p for p in transcript_files() if summarizable(p)], ids=lambda p: p.stem[:60]
 )
-def test_record_reused_only_when_prefix_matches(path: Path) -> None:
+async def test_record_reused_only_when_prefix_matches(path: Path) -> None:
     """A stored summary is used for its own prefix and ignored once any earlier message differs."""
     data = load_transcript(path)
     messages, tools = data["messages"], data.get("tools", ())
@@ -88,7 +91,7 @@ def test_record_reused_only_when_prefix_matches(path: Path) -> None:
     kept = [*messages[:head], {"role": "user", "content": record.text}, *messages[upto:]]
     budget = int(counter.count(kept, tools) / 0.8) + 64
     policy = ContextPolicy(budget + 1024, counter=counter, reserve_output=1024)
-    used = _prepare(policy, data, SummaryBook([record]))
+    used = await _prepare(policy, data, SummaryBook([record]))
     if counter.count(messages, tools) > policy.trigger * budget:  # over: the record is due
         assert used.report["summary"]["upto"] == upto
         assert any("STORED SUMMARY" in str(m.get("content")) for m in used.messages)
@@ -98,7 +101,7 @@ def test_record_reused_only_when_prefix_matches(path: Path) -> None:
     last = next(a for a, b in groups(messages) if b == upto)  # the turn group ending at upto
     for variant in (edited, messages[:last] + messages[upto:]):
         try:
-            other = asyncio.run(policy.prepare(variant, tools=tools, book=SummaryBook([record])))
+            other = await policy.prepare(variant, tools=tools, book=SummaryBook([record]))
         except DoesNotFit:
             continue
         assert other.report is not None and other.report["summary"] is None

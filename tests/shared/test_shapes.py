@@ -4,7 +4,6 @@ invariants, the ledger gives what the strategies give, and the report recounts."
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +22,8 @@ from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.shared import shapes
 from tests.shared.invariants import assert_justified, check
 from tests.shared.test_cut import run_or_refusal, same, twins
+
+pytestmark = pytest.mark.anyio
 
 SHAPES = shapes.all_shapes()
 WINDOWS = (4_000, 8_000, 32_000, 128_000)
@@ -60,9 +61,7 @@ def _verify(
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_shapes_with_content_counters(
-    loop: asyncio.AbstractEventLoop, tiktoken_dir: Path, name: str
-) -> None:
+async def test_shapes_with_content_counters(tiktoken_dir: Path, name: str) -> None:
     """Heuristic and calibrated exact counts: the same prompt both ways, and a sound one."""
     msgs = SHAPES[name]
     tools = TOOLS if name.startswith("openhands") else ()
@@ -73,18 +72,18 @@ def test_shapes_with_content_counters(
         for counter in counters:
             fast, slow = twins(window, counter, reserve_output=min(4096, window // 4))
             for book in _books(msgs):
-                got = run_or_refusal(loop, slow, msgs, tools=tools, book=book)
-                same(run_or_refusal(loop, fast, msgs, tools=tools, book=book), got)
+                got = await run_or_refusal(slow, msgs, tools=tools, book=book)
+                same(await run_or_refusal(fast, msgs, tools=tools, book=book), got)
                 _verify(slow, msgs, got, tools)
                 if name.startswith("too_big"):
                     assert isinstance(got, DoesNotFit)
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
-def test_shapes_with_a_count_only_counter(loop: asyncio.AbstractEventLoop, name: str) -> None:
+async def test_shapes_with_a_count_only_counter(name: str) -> None:
     """A counter with only `count` gives sound prompts too."""
     msgs = SHAPES[name]
     for window in WINDOWS:
         policy = ContextPolicy(window, counter=JsonCounter(), reserve_output=min(4096, window // 4))
         for book in _books(msgs):
-            _verify(policy, msgs, run_or_refusal(loop, policy, msgs, book=book), ())
+            _verify(policy, msgs, await run_or_refusal(policy, msgs, book=book), ())

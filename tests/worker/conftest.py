@@ -1,4 +1,4 @@
-"""Fixtures of the worker tests: a store on the suite's Redis and a fake LLM over real HTTP."""
+"""Fixtures of the worker tests: a fake LLM over real HTTP, a model name, Celery apps."""
 
 from __future__ import annotations
 
@@ -9,21 +9,11 @@ from typing import Any
 import pytest
 
 from shared.settings import Settings
-from shared.store import Store
 from shared.summaries.summarizers import Summarizer
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import model_name
 from worker.app import make_app
 from worker.runtime import Runtime
-
-
-@pytest.fixture
-def store(redis_url: str) -> Iterator[Store]:
-    s = Store.from_url(redis_url, Settings(retention_s=3600))
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture

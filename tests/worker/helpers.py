@@ -1,4 +1,4 @@
-"""Helpers of the worker tests: settings, conversations, jobs, task runs, summarized ranges."""
+"""Helpers of the worker tests: settings, jobs, task runs, summarized ranges."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from tests.brokerbackend import broker_for_tests, new_queue
 from tests.fakellm import Call, FakeLLM
 
 SUMMARIZER_MODEL = "fake-summarizer"
-WINDOW, RESERVE = 4000, 500  # budget 3500: `chat(30)` is over the trigger, `chat(4)` under
+# budget 3500: `task_chat(30)` is over the trigger, `task_chat(4)` under
+WINDOW, RESERVE = 4000, 500
 
 
 def worker_settings(redis_url: str, fake: FakeLLM | None, **overrides: Any) -> Settings:
@@ -55,18 +56,6 @@ def worker_settings(redis_url: str, fake: FakeLLM | None, **overrides: Any) -> S
 def model_name() -> str:
     """A model name no other test uses."""
     return f"model-{uuid.uuid4().hex[:10]}"
-
-
-def chat(n: int, tag: str = "m", size: int = 400) -> list[Message]:
-    """A head, then n turns of user/assistant messages of ~size chars, each text unique."""
-    msgs: list[Message] = [
-        {"role": "system", "content": f"{tag} system"},
-        {"role": "user", "content": f"{tag} task"},
-    ]
-    for i in range(n):
-        role = "assistant" if i % 2 else "user"
-        msgs.append({"role": role, "content": f"{tag}-{i} " + "lorem ipsum " * (size // 12)})
-    return msgs
 
 
 def job_for(

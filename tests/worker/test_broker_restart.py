@@ -15,8 +15,9 @@ from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE
 from shared.settings import Settings
 from shared.store import Store
 from tests.brokerbackend import chosen
+from tests.builders import task_chat
 from tests.redisbackend import needs_redis_server
-from tests.worker.helpers import chat, enqueue, job_for, model_name, wait_until, worker_settings
+from tests.worker.helpers import enqueue, job_for, model_name, wait_until, worker_settings
 from tests.worker.processes import end, start_worker_process
 from worker.app import make_app
 
@@ -52,7 +53,7 @@ class Traffic:
 
     def summarize_now(self, conv_id: str, priority: int = PRIORITY_AHEAD) -> None:
         """A conversation due for a summary, and its job (raises while Redis is down)."""
-        self.store.conversations.append(self.tenant, conv_id, chat(30, tag=conv_id))
+        self.store.conversations.append(self.tenant, conv_id, task_chat(30, tag=conv_id))
         job = job_for(self.store, self.tenant, conv_id, self.model)
         enqueue(self.app, self.settings, job, priority)
 

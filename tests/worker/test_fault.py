@@ -13,14 +13,9 @@ from shared.service.broker import broker_kind
 from shared.settings import Settings
 from shared.store import Store
 from shared.summaries.book import SummaryRecord
+from tests.builders import task_chat
 from tests.fakellm import FakeLLM
-from tests.worker.helpers import (
-    chat,
-    enqueue,
-    job_for,
-    wait_until,
-    worker_settings,
-)
+from tests.worker.helpers import enqueue, job_for, wait_until, worker_settings
 from tests.worker.processes import end, start_worker_process
 from worker.app import make_app
 
@@ -52,7 +47,7 @@ def test_killed_worker_task_is_redelivered_and_written_once(
     """SIGKILL mid-summary: another worker gets the task, writes one complete record once."""
     with FakeLLM(delay=3.0) as fake:
         settings = worker_settings(redis_url, fake, visibility_timeout_s=5, lease_ttl_s=3.0)
-        store.conversations.append(tenant, "c1", chat(30))
+        store.conversations.append(tenant, "c1", task_chat(30))
         job = job_for(store, tenant, "c1", model)
         reader = Reader(store, tenant, "c1")
         reader.start()
@@ -100,7 +95,7 @@ def test_a_job_lost_with_its_worker_runs_again_within_seconds(
         )  # fmt: skip
         assert settings.visibility_timeout_s == 3600  # Redis would wait an hour
         reaper = {"PREFIT_REAPER_INTERVAL_S": str(settings.reaper_interval_s)}
-        store.conversations.append(tenant, "c1", chat(30))
+        store.conversations.append(tenant, "c1", task_chat(30))
         first = start_worker_process(settings, "doomed", tmp_path / "a.log", env=reaper)
         second: subprocess.Popen[bytes] | None = None
         try:

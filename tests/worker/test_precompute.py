@@ -18,10 +18,10 @@ from shared.settings import Settings
 from shared.store import Store, keys
 from shared.summaries.llm import Completion
 from shared.summaries.summarizers import Summarizer
+from tests.builders import task_chat
 from tests.fakellm import FakeLLM
 from tests.worker.helpers import (
     assert_disjoint,
-    chat,
     job_for,
     policy_of,
     summarized_range,
@@ -29,8 +29,10 @@ from tests.worker.helpers import (
 )
 from worker.runtime import make_summarizer
 
+pytestmark = pytest.mark.anyio
 
-def run_once(
+
+async def run_once(
     store: Store,
     settings: Settings,
     job: Any,
@@ -38,18 +40,14 @@ def run_once(
     summarizer: Summarizer | None = None,
     owner: str = "task-1/abc",
 ) -> JobOutcome:
-    """Run one job on a fresh event loop, closing the summarizer's HTTP client after."""
-
-    async def go() -> JobOutcome:
-        s = summarizer if summarizer is not None else make_summarizer(settings)
-        try:
-            return await run_job(job, store=store, summarizer=s, settings=settings, owner=owner)
-        finally:
-            client = getattr(s, "client", None)
-            if client is not None:
-                await client.aclose()
-
-    return asyncio.run(go())
+    """Run one job on the test's event loop, closing the summarizer's HTTP client after."""
+    s = summarizer if summarizer is not None else make_summarizer(settings)
+    try:
+        return await run_job(job, store=store, summarizer=s, settings=settings, owner=owner)
+    finally:
+        client = getattr(s, "client", None)
+        if client is not None:
+            await client.aclose()
 
 
 @pytest.fixture
@@ -57,14 +55,14 @@ def settings(redis_url: str, fake: FakeLLM) -> Settings:
     return worker_settings(redis_url, fake)
 
 
-def test_writes_the_due_record_once(
+async def test_writes_the_due_record_once(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A due record is written with SET NX, indexed, counted; a second run plans nothing."""
-    msgs = chat(30)
+    msgs = task_chat(30)
     store.conversations.append(tenant, "c1", msgs)
     job = job_for(store, tenant, "c1", model)
-    first = run_once(store, settings, job)
+    first = await run_once(store, settings, job)
     assert first.status == "written" and first.records == 1 and first.calls == len(fake.calls) == 1
     record = store.records.best(tenant, "c1")
     assert record is not None and record.upto == first.upto
@@ -77,55 +75,59 @@ def test_writes_the_due_record_once(
     assert usage.summaries == 1
     assert usage.input_tokens + usage.output_tokens == first.tokens > 0
     assert store.leases.owner(tenant, "c1") is None  # released
-    second = run_once(store, settings, job)
+    second = await run_once(store, settings, job)
     assert second.status == "not_due" and second.calls == 0 and len(fake.calls) == 1
     start, end = summarized_range(fake.calls[0], msgs)
     # the head stays; the first range starts after it
     assert start == head_end(msgs) and end == record.upto
 
 
-def test_not_due_under_the_threshold(
+async def test_not_due_under_the_threshold(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A short conversation needs no summary: no LLM call, no lease taken."""
-    store.conversations.append(tenant, "c1", chat(4))
-    out = run_once(store, settings, job_for(store, tenant, "c1", model))
+    store.conversations.append(tenant, "c1", task_chat(4))
+    out = await run_once(store, settings, job_for(store, tenant, "c1", model))
     assert out.status == "not_due" and out.calls == 0 and fake.calls == []
     assert store.records.list(tenant, "c1") == []
 
 
-def test_the_job_counts_with_its_own_tenants_ratio(
+async def test_the_job_counts_with_its_own_tenants_ratio(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """Another tenant's calibration never makes a job due; the job's tenant's does."""
-    store.conversations.append(tenant, "c1", chat(16))  # 1,946 base tokens: under 2,625
+    store.conversations.append(tenant, "c1", task_chat(16))  # 1,946 base tokens: under 2,625
     store.ratios.observe(f"{tenant}-other", model, 1.5)
-    assert run_once(store, settings, job_for(store, tenant, "c1", model)).status == "not_due"
+    assert (
+        await run_once(store, settings, job_for(store, tenant, "c1", model))
+    ).status == "not_due"
     store.ratios.observe(tenant, model, 1.5)
-    assert run_once(store, settings, job_for(store, tenant, "c1", model)).status == "written"
+    assert (
+        await run_once(store, settings, job_for(store, tenant, "c1", model))
+    ).status == "written"
 
 
-def test_busy_while_another_worker_holds_the_lease(
+async def test_busy_while_another_worker_holds_the_lease(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A held lease makes the job end as busy, naming the holder, without calling the LLM."""
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     assert store.leases.acquire(tenant, "c1", "other-task/xyz", 30)
-    out = run_once(store, settings, job_for(store, tenant, "c1", model))
+    out = await run_once(store, settings, job_for(store, tenant, "c1", model))
     assert out.status == "busy" and out.holder == "other-task/xyz"
     assert fake.calls == [] and store.records.list(tenant, "c1") == []
     assert store.leases.owner(tenant, "c1") == "other-task/xyz"  # not stolen, not released
 
 
-def test_replaced_transcript_is_planned_as_it_is_now(
+async def test_replaced_transcript_is_planned_as_it_is_now(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A job whose prefix no longer matches plans on the current transcript and says so."""
-    store.conversations.append(tenant, "c1", chat(30, tag="old"))
+    store.conversations.append(tenant, "c1", task_chat(30, tag="old"))
     job = job_for(store, tenant, "c1", model)
-    now = chat(32, tag="new")
+    now = task_chat(32, tag="new")
     store.conversations.replace(tenant, "c1", now)
-    out = run_once(store, settings, job)
+    out = await run_once(store, settings, job)
     assert out.status == "written" and out.prefix_changed
     record = store.records.best(tenant, "c1")
     assert record is not None and record.upto == out.upto
@@ -133,27 +135,27 @@ def test_replaced_transcript_is_planned_as_it_is_now(
     assert summarized_range(fake.calls[0], now) == (head_end(now), record.upto)
 
 
-def test_deleted_conversation_is_a_stale_job(
+async def test_deleted_conversation_is_a_stale_job(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A job for a conversation deleted meanwhile ends as stale_job and writes nothing."""
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     job = job_for(store, tenant, "c1", model)
     store.conversations.delete(tenant, "c1")
-    out = run_once(store, settings, job)
+    out = await run_once(store, settings, job)
     assert out.status == "stale_job" and fake.calls == []
     assert not store.conversations.exists(tenant, "c1")
 
 
-def test_same_prefix_in_another_conversation_is_linked(
+async def test_same_prefix_in_another_conversation_is_linked(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A record the tenant already has for the planned prefix is linked, not recomputed."""
-    msgs = chat(30)
+    msgs = task_chat(30)
     store.conversations.append(tenant, "a", msgs)
     store.conversations.append(tenant, "b", msgs)
-    first = run_once(store, settings, job_for(store, tenant, "a", model))
-    second = run_once(store, settings, job_for(store, tenant, "b", model))
+    first = await run_once(store, settings, job_for(store, tenant, "a", model))
+    second = await run_once(store, settings, job_for(store, tenant, "b", model))
     assert first.status == "written" and second.status == "exists" and second.calls == 0
     assert len(fake.calls) == 1
     assert store.records.best(tenant, "b") == store.records.best(tenant, "a")
@@ -175,15 +177,15 @@ class Thief:
         return Completion("a summary", input_tokens=100, output_tokens=10, cost=0.5)
 
 
-def test_lost_lease_writes_nothing(
+async def test_lost_lease_writes_nothing(
     store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """A worker whose lease passed to another writes no record (what it spent is counted)."""
     settings = worker_settings(redis_url, fake, lease_ttl_s=0.3)
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     thief = Thief(store, tenant, "c1", wait=0.5)
     with pytest.raises(LeaseLost):
-        run_once(store, settings, job_for(store, tenant, "c1", model), summarizer=thief)
+        await run_once(store, settings, job_for(store, tenant, "c1", model), summarizer=thief)
     assert store.records.list(tenant, "c1") == []
     assert store.leases.owner(tenant, "c1") == "other/zzz"  # the new holder keeps it
     usage = store.usage.get(tenant)
@@ -207,15 +209,15 @@ class Growing:
         return await self.inner.summarize(previous, messages, max_tokens=max_tokens)
 
 
-def test_holder_covers_what_became_due_while_it_worked(
+async def test_holder_covers_what_became_due_while_it_worked(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str
 ) -> None:
     """Turns appended during a summary get the next record from the same job, folded in."""
-    msgs = chat(60)
+    msgs = task_chat(60)
     store.conversations.append(tenant, "c1", msgs[:32])
     job = job_for(store, tenant, "c1", model)
     growing = Growing(make_summarizer(settings), store, tenant, msgs[32:])
-    out = run_once(store, settings, job, summarizer=growing)
+    out = await run_once(store, settings, job, summarizer=growing)
     assert out.status == "written" and out.records == 2 and out.calls == 2
     ranges = [summarized_range(c, msgs) for c in fake.calls]
     assert_disjoint(ranges)
@@ -245,7 +247,7 @@ def captured_debug(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     return capture.entries
 
 
-def test_logs_carry_ids_never_message_text(
+async def test_logs_carry_ids_never_message_text(
     store: Store,
     settings: Settings,
     fake: FakeLLM,
@@ -254,10 +256,10 @@ def test_logs_carry_ids_never_message_text(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """What run_job logs names ids, hashes and counts, never a word of the conversation."""
-    msgs = chat(30, tag="SECRETWORD")
+    msgs = task_chat(30, tag="SECRETWORD")
     store.conversations.append(tenant, "c1", msgs)
     logs = captured_debug(monkeypatch)
-    out = run_once(store, settings, job_for(store, tenant, "c1", model))
+    out = await run_once(store, settings, job_for(store, tenant, "c1", model))
     assert out.status == "written"
     events = {e["event"] for e in logs}
     assert "summary.computed" in events

@@ -13,8 +13,9 @@ from shared.service.jobs import PRIORITY_STALE
 from shared.settings import Settings
 from shared.store import Store
 from shared.store.breaker import provider_id
+from tests.builders import task_chat
 from tests.fakellm import Failure, FakeLLM
-from tests.worker.helpers import TaskRuns, chat, enqueue, job_for, running_worker, worker_settings
+from tests.worker.helpers import TaskRuns, enqueue, job_for, running_worker, worker_settings
 
 AppFor = Callable[..., Any]
 CONVERSATIONS = ("c1", "c2", "c3")
@@ -39,7 +40,7 @@ def _statuses(runs: TaskRuns, ids: list[str], timeout: float = 30.0) -> Counter[
 
 def _conversations(store: Store, tenant: str, **kw: Any) -> None:
     for conv in CONVERSATIONS:
-        store.conversations.append(tenant, conv, chat(30, tag=conv, **kw))
+        store.conversations.append(tenant, conv, task_chat(30, tag=conv, **kw))
 
 
 FAULTS: dict[str, Callable[[FakeLLM], None]] = {
@@ -50,6 +51,7 @@ FAULTS: dict[str, Callable[[FakeLLM], None]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", sorted(FAULTS))
 def test_a_permanent_fault_is_called_once_per_breaker_period(
     fault: str,
@@ -86,6 +88,7 @@ def test_a_permanent_fault_is_called_once_per_breaker_period(
     assert store.records.list(tenant, "c1") == []
 
 
+@pytest.mark.slow
 def test_the_pause_doubles_and_a_good_probe_closes_the_breaker(
     store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
 ) -> None:
@@ -106,6 +109,7 @@ def test_the_pause_doubles_and_a_good_probe_closes_the_breaker(
     assert len(store.dead_letters.list(tenant)) == 2
 
 
+@pytest.mark.slow
 def test_a_hung_provider_ends_in_exactly_one_dead_letter(
     store: Store, redis_url: str, tenant: str, model: str, app_for: AppFor
 ) -> None:
@@ -119,7 +123,7 @@ def test_a_hung_provider_ends_in_exactly_one_dead_letter(
             summarizer_max_attempts=1,
             max_redeliveries=2,
         )
-        store.conversations.append(tenant, "c1", chat(30))
+        store.conversations.append(tenant, "c1", task_chat(30))
         app = app_for(settings)
         with running_worker(app) as runs:
             ids = [enqueue(app, settings, job_for(store, tenant, "c1", model), PRIORITY_STALE)]
@@ -146,11 +150,11 @@ def test_a_range_too_long_for_the_summarizer_blocks_that_conversation_only(
     # refused: the turn group of the 20k-character message (clipped to 6k in prompts), not
     # the others (one ~700-token group per chunk)
     fake.context_limit_chars = 6500
-    huge = chat(40, tag="big", size=1200)
+    huge = task_chat(40, tag="big", size=1200)
     huge[5] = {"role": "user", "content": "x" * 20_000}
     store.conversations.append(tenant, "big", huge)
     other = f"{tenant}-b"
-    store.conversations.append(other, "ok", chat(56, tag="ok", size=1200))
+    store.conversations.append(other, "ok", task_chat(56, tag="ok", size=1200))
     app = app_for(settings)
     window = {"window": 20_000, "reserve": 500}
     with running_worker(app) as runs:

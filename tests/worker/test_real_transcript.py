@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 from shared.settings import Settings
 from shared.store import Store
@@ -21,13 +22,16 @@ from tests.worker.helpers import (
     worker_settings,
 )
 
+pytestmark = pytest.mark.anyio
+
 # 132 messages, ~46k tokens, no single message over 11k characters
 NAME = "mswea_gemini3pro__django__django-13933.json"
 WINDOW, RESERVE, CHUNK = 34000, 2000, 8000
 
 
+@pytest.mark.slow
 @needs_transcripts
-def test_records_are_computed_ahead_of_the_trigger_and_used(
+async def test_records_are_computed_ahead_of_the_trigger_and_used(
     store: Store,
     redis_url: str,
     fake: FakeLLM,
@@ -42,7 +46,7 @@ def test_records_are_computed_ahead_of_the_trigger_and_used(
     steps = []
     with running_worker(app, concurrency=4) as runs:
         for k in range(1, len(msgs) + 1):
-            steps.append(_turn(store, settings, app, runs, tenant, model, msgs, k))
+            steps.append(await _turn(store, settings, app, runs, tenant, model, msgs, k))
     written = [s["job"] for s in steps if s["job"] and s["job"]["status"] == "written"]
     records = store.records.list(tenant, "c1")
     assert len(written) == len(records) >= 2  # the cut advanced in steps
@@ -72,7 +76,7 @@ def test_records_are_computed_ahead_of_the_trigger_and_used(
     )
 
 
-def _turn(
+async def _turn(
     store: Store,
     settings: Settings,
     app: Any,
@@ -89,7 +93,7 @@ def _turn(
     book = store.records.book(tenant, "c1")
     transcript = msgs[:k]
     effective = policy.effective_tokens(transcript, model=model, book=book)
-    report = asyncio.run(policy.prepare(transcript, model=model, book=book)).report or {}
+    report = (await policy.prepare(transcript, model=model, book=book)).report or {}
     step: dict[str, Any] = {
         "k": k,
         "effective": effective,

@@ -10,8 +10,9 @@ from shared.service.jobs import PRIORITY_AHEAD
 from shared.settings import Settings
 from shared.store import Store, Ticket
 from tests.brokerbackend import unreachable_broker
+from tests.builders import task_chat
 from tests.fakellm import FakeLLM
-from tests.worker.helpers import chat, job_for, running_worker, wait_until, worker_settings
+from tests.worker.helpers import job_for, running_worker, wait_until, worker_settings
 from worker.app import make_app
 from worker.reaper import Reaper
 
@@ -24,7 +25,7 @@ def test_a_job_left_behind_is_sent_again_and_runs(
     """An entry past its deadline (its worker died) is taken, sent with its retries counted,
     and summarized; the registry is empty afterwards."""
     settings = worker_settings(redis_url, fake)
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     job = job_for(store, tenant, "c1", model)
     ticket = Ticket("lost-task-1", settings.summary_queue, job.to_kwargs(), retries=1)
     store.inflight.register(ticket, 0.01)  # as a dead worker's claim left it
@@ -59,7 +60,7 @@ def test_a_job_lost_too_often_is_dead_lettered_without_calling(
     """A job whose worker died on it more than max_redeliveries times (a poison job) is
     dead-lettered when it comes back, not run again."""
     settings = worker_settings(redis_url, fake, max_redeliveries=2)
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     job = job_for(store, tenant, "c1", model)
     ticket = Ticket("lost-task-3", settings.summary_queue, job.to_kwargs(), retries=2)
     store.inflight.register(ticket, 0.01)
@@ -81,7 +82,7 @@ def test_jobs_the_api_could_not_send_are_sent_once_the_broker_answers(
     the broker refuses it, then the next sweep sends it and a worker summarizes it: no new turn
     needed; nothing is left kept afterwards."""
     settings = worker_settings(redis_url, fake)
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     job = job_for(store, tenant, "c1", model)
     assert store.unsent.keep(settings.summary_queue, job.to_kwargs(), PRIORITY_AHEAD)
     down = worker_settings(redis_url, None, broker_url=unreachable_broker())

@@ -26,6 +26,7 @@ def _exits(settings: Settings, log: Path) -> str:
     return log.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clustered", [False, True])
 def test_a_worker_on_the_wrong_kind_of_redis_exits_naming_both_settings(
     clustered: bool, cluster_url: str, standalone_url: str, tmp_path: Path

@@ -17,10 +17,10 @@ from shared.settings import Settings
 from shared.store import Store
 from shared.summaries.llm import Completion
 from shared.summaries.summarizers import build_prompt
+from tests.builders import task_chat
 from tests.fakellm import Failure, FakeLLM
 from tests.worker.helpers import (
     assert_disjoint,
-    chat,
     enqueue,
     job_for,
     policy_of,
@@ -43,7 +43,7 @@ def test_fifty_triggers_cost_one_llm_call_per_range(
 ) -> None:
     """50 jobs for one conversation at once: one summary, one LLM call, the rest end at once."""
     fake.delay = 0.3  # the holder is mid-call while the duplicates arrive
-    msgs = chat(30)
+    msgs = task_chat(30)
     store.conversations.append(tenant, "c1", msgs)
     job = job_for(store, tenant, "c1", model)
     app = app_for(settings)
@@ -65,7 +65,7 @@ def test_retry_after_of_a_429_is_honoured(
 ) -> None:
     """A 429 asking for more than the inline wait becomes a task retry with that countdown."""
     fake.script(Failure(429, headers={"retry-after": "1.5"}))
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     app = app_for(settings)
     with running_worker(app) as runs:
         task_id = enqueue(app, settings, job_for(store, tenant, "c1", model))
@@ -82,7 +82,7 @@ def test_401_is_dead_lettered_without_retry(
 ) -> None:
     """An authentication failure is not retried: one call, one dead letter, no record."""
     fake.script(Failure(401))
-    store.conversations.append(tenant, "c1", chat(30, tag="PRIVATE"))
+    store.conversations.append(tenant, "c1", task_chat(30, tag="PRIVATE"))
     app = app_for(settings)
     with running_worker(app) as runs:
         task_id = enqueue(app, settings, job_for(store, tenant, "c1", model))
@@ -100,7 +100,7 @@ def test_context_length_error_leads_to_smaller_chunks(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
 ) -> None:
     """A range the provider finds too long is summarized again in two halves, folded."""
-    msgs = chat(30)
+    msgs = task_chat(30)
     store.conversations.append(tenant, "c1", msgs)
     job = job_for(store, tenant, "c1", model)
     plan = policy_of(store, settings, job).plan_summary(msgs, model=model)
@@ -125,7 +125,7 @@ def test_retryable_failures_end_in_a_dead_letter(
     """A provider failing every attempt is retried max_redeliveries times, then dead-lettered."""
     settings = worker_settings(redis_url, fake, max_redeliveries=2, summarizer_max_attempts=1)
     fake.script(*[Failure(503, headers={"retry-after": "0"})] * 3)
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     app = app_for(settings)
     with running_worker(app) as runs:
         task_id = enqueue(app, settings, job_for(store, tenant, "c1", model))
@@ -153,7 +153,7 @@ def test_unexpected_error_is_dead_lettered_without_its_message(
 ) -> None:
     """A crash is retried like any fault; its dead letter names the error type, never content."""
     settings = worker_settings(redis_url, None, max_redeliveries=0)
-    store.conversations.append(tenant, "c1", chat(30, tag="PRIVATE"))
+    store.conversations.append(tenant, "c1", task_chat(30, tag="PRIVATE"))
     app = app_for(settings, Broken())
     with running_worker(app) as runs:
         (outcome,) = runs.wait([enqueue(app, settings, job_for(store, tenant, "c1", model))])
@@ -187,7 +187,7 @@ def test_a_redelivery_counts_as_an_attempt(
     store: Store, settings: Settings, fake: FakeLLM, tenant: str, model: str, app_for: AppFor
 ) -> None:
     """A redelivered message is turned into a retry (so it is counted), then runs normally."""
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     app = app_for(settings)
     task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), rank=PRIORITY_STALE)
     redeliver(settings)
@@ -202,7 +202,7 @@ def test_redeliveries_beyond_the_limit_are_dead_lettered(
 ) -> None:
     """With no redeliveries left, a redelivered job is dead-lettered and calls no LLM."""
     settings = worker_settings(redis_url, fake, max_redeliveries=0)
-    store.conversations.append(tenant, "c1", chat(30))
+    store.conversations.append(tenant, "c1", task_chat(30))
     app = app_for(settings)
     task_id = enqueue(app, settings, job_for(store, tenant, "c1", model), rank=PRIORITY_STALE)
     redeliver(settings)
@@ -230,7 +230,7 @@ def test_stale_jobs_are_served_before_ahead_of_time_ones(
 ) -> None:
     """A job someone may be waiting for (PRIORITY_STALE) runs before queued background jobs."""
     for conv in ("a", "b", "c"):
-        store.conversations.append(tenant, conv, chat(4))
+        store.conversations.append(tenant, conv, task_chat(4))
     app = app_for(settings)
     ahead = [
         enqueue(app, settings, job_for(store, tenant, c, model), PRIORITY_AHEAD) for c in ("a", "b")
@@ -247,10 +247,10 @@ def test_a_stale_job_overtakes_ahead_jobs_queued_while_the_worker_was_busy(
     """Prefetch 1: a worker busy with a summary holds no other message, so a stale job sent
     after a batch of ahead-of-time ones is the next it runs; the batch follows in order."""
     fake.delay = 1.0  # the first job is inside its LLM call while the others are sent
-    store.conversations.append(tenant, "busy", chat(30, tag="busy"))
+    store.conversations.append(tenant, "busy", task_chat(30, tag="busy"))
     waiting = [f"ahead-{i}" for i in range(5)]
     for conv in [*waiting, "stale"]:
-        store.conversations.append(tenant, conv, chat(4, tag=conv))
+        store.conversations.append(tenant, conv, task_chat(4, tag=conv))
     app = app_for(settings)
     with running_worker(app, concurrency=1) as runs:
         first = enqueue(app, settings, job_for(store, tenant, "busy", model), PRIORITY_AHEAD)

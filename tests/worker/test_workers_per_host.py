@@ -15,9 +15,10 @@ from shared.commands.up import worker_argv
 from shared.settings import Settings
 from shared.store import Store
 from tests.brokerbackend import new_queue
+from tests.builders import task_chat
 from tests.conftest import ROOT
 from tests.fakellm import FakeLLM
-from tests.worker.helpers import chat, enqueue, job_for, wait_until, worker_settings
+from tests.worker.helpers import enqueue, job_for, wait_until, worker_settings
 from tests.worker.processes import end, worker_env
 from worker.app import make_app
 
@@ -64,7 +65,7 @@ def test_two_workers_on_one_host_both_make_summaries(
         settings = worker_settings(redis_url, fake, broker_url=url, summary_queue=new_queue(url))
         convs = [f"c{i}" for i in range(JOBS)]
         for conv in convs:
-            store.conversations.append(tenant, conv, chat(30, tag=conv))
+            store.conversations.append(tenant, conv, task_chat(30, tag=conv))
         workers = _two_workers(settings, tmp_path)
         try:
             app = make_app(settings)

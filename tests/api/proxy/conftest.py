@@ -17,8 +17,8 @@ from shared.messages import Message, ToolSpec, validate
 from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import RESERVE, WINDOW, Recorder, key_of, make_settings
-from tests.api.helpers import assistant, call, result, user
 from tests.api.server import serve
+from tests.builders import assistant, call, result, user
 from tests.fakeprovider import FakeProvider
 
 BUDGET = WINDOW - RESERVE

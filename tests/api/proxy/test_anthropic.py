@@ -22,8 +22,8 @@ from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
 from shared.formats.anthropic import unmarked
 from tests.api.conftest import WINDOW
-from tests.api.helpers import user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
+from tests.builders import user
 from tests.fakeprovider import WORDS, Reply, prompt_tokens
 from tests.shared.formats.test_formats import _conversation
 

@@ -6,11 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+import pytest
 
 from shared.formats import from_anthropic, to_anthropic
 from tests.api.proxy.conftest import Proxy, sent_fits, wait_for
 from tests.api.proxy.test_openai import _summarize, stored_length
 from tests.conftest import TRANSCRIPTS, load_transcript, needs_transcripts
+
+pytestmark = pytest.mark.anyio
 
 NAME = "mswea_gemini3pro__django__django-13933.json"  # 130 messages, 55 tool calls
 THINKING = {"type": "enabled", "budget_tokens": 1024}
@@ -58,7 +61,7 @@ def faults(sent: list[Block], whole: list[Block]) -> list[str]:
 
 
 @needs_transcripts
-def test_every_turn_of_a_thinking_agent_is_valid_and_uses_the_summary(proxy: Proxy) -> None:
+async def test_every_turn_of_a_thinking_agent_is_valid_and_uses_the_summary(proxy: Proxy) -> None:
     """Each request fits, keeps the task, pairs and every thinking block (signatures
     untouched, the current turn's kept); once the workers summarized, the summary is used."""
     system, messages = with_thinking(NAME)
@@ -87,7 +90,7 @@ def test_every_turn_of_a_thinking_agent_is_valid_and_uses_the_summary(proxy: Pro
         ):
             conv, length = headers["x-prefit-conversation"], len(from_anthropic(system, prefix))
             wait_for(lambda: stored_length(proxy, conv) == length)  # noqa: B023
-            _summarize(proxy, proxy.tenant, conv, length)
+            await _summarize(proxy, proxy.tenant, conv, length)
             summarized_at = turn
         elif summarized_at is not None:
             assert "x-prefit-summary-upto" in headers, turn

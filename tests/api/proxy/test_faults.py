@@ -9,9 +9,9 @@ import openai
 
 from api.app import create_app
 from tests.api.conftest import Recorder, key_of, make_settings
-from tests.api.helpers import chat
 from tests.api.proxy.conftest import proxy_settings, sent_fits
 from tests.api.server import serve
+from tests.builders import chat
 from tests.fakeprovider import WORDS, FakeProvider
 
 DEAD_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1

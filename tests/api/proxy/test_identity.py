@@ -22,8 +22,8 @@ from shared.formats import from_anthropic, to_anthropic
 from shared.head import task_digest
 from shared.messages import Message
 from shared.settings import Settings
-from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import Proxy
+from tests.builders import assistant, user
 from tests.shared import aider, preambles
 
 SYSTEM: Message = {"role": "system", "content": "You are a careful agent."}
@@ -237,6 +237,7 @@ def test_two_concurrent_aider_sessions_are_two_stored_conversations(proxy: Proxy
     assert len(seen[0]) == len(seen[1]) == 1 and seen[0] != seen[1]
 
 
+@pytest.mark.slow
 def test_long_concurrent_aider_sessions_fit_with_their_tasks_in_every_prompt(
     proxy: Proxy,
 ) -> None:
@@ -277,6 +278,7 @@ def test_anthropic_requests_read_claude_codes_session(proxy: Proxy) -> None:
     assert r.headers["x-prefit-conversation"].startswith("claude-")
 
 
+@pytest.mark.slow
 def test_a_long_aider_session_with_its_examples_in_the_system_prompt_is_one_conversation(
     proxy: Proxy,
 ) -> None:
@@ -344,6 +346,7 @@ def test_two_concurrent_aider_sessions_with_examples_in_the_system_prompt(proxy:
     assert len(ids[0]) == len(ids[1]) == 1 and ids[0] != ids[1]
 
 
+@pytest.mark.slow
 def test_an_aider_run_session_keeps_the_persons_request_in_every_forwarded_prompt(
     proxy: Proxy,
 ) -> None:

@@ -3,7 +3,6 @@ and its dialect's parts (the usage tap, the legacy `functions`)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -19,9 +18,11 @@ from shared.service.precompute import run_job
 from shared.summaries.extractive import ExtractiveSummarizer
 from shared.summaries.incremental import summary_message
 from tests.api.conftest import RESERVE, WINDOW
-from tests.api.helpers import assistant, call, chat, result, user
 from tests.api.proxy.conftest import TASK, TOOLS, Proxy, agent_session, sent_fits, wait_for
+from tests.builders import assistant, call, chat, result, user
 from tests.fakeprovider import WORDS, Reply
+
+pytestmark = pytest.mark.anyio
 
 
 def sdk(proxy: Proxy, **kw: Any) -> openai.OpenAI:
@@ -109,7 +110,7 @@ def test_turns_sync_the_stored_conversation_by_appending_only_what_is_new(proxy:
     assert stored == messages
 
 
-def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
+async def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
     """Once the workers' record exists, the upstream gets [head][summary][rest]."""
     client = sdk(proxy)
     tenant = proxy.settings.api_keys.split(":")[0]
@@ -122,7 +123,7 @@ def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
     assert "x-prefit-summary-upto" not in first.headers
     conv = first.headers["x-prefit-conversation"]
     wait_for(lambda: stored_length(proxy, conv) == len(messages))
-    _summarize(proxy, tenant, conv, len(messages))
+    await _summarize(proxy, tenant, conv, len(messages))
     messages += [assistant("".join(WORDS)), user("continue")]
     second = client.chat.completions.with_raw_response.create(
         model=proxy.model,
@@ -139,18 +140,16 @@ def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
     assert sent_fits(sent, [])
 
 
-def _summarize(proxy: Proxy, tenant: str, conv: str, length: int) -> None:
+async def _summarize(proxy: Proxy, tenant: str, conv: str, length: int) -> None:
     """Write the conversation's summary record as a worker does (offline summarizer)."""
     last = proxy.store.conversations.hashes(tenant, conv)[-1]
     job = SummaryJob(tenant, conv, proxy.model, WINDOW, RESERVE, length, last)
-    outcome = asyncio.run(
-        run_job(
-            job,
-            store=proxy.store,
-            summarizer=ExtractiveSummarizer(),
-            settings=proxy.settings,
-            owner="test",
-        )
+    outcome = await run_job(
+        job,
+        store=proxy.store,
+        summarizer=ExtractiveSummarizer(),
+        settings=proxy.settings,
+        owner="test",
     )
     assert outcome.status == "written"
 

@@ -16,9 +16,9 @@ from starlette.routing import Route
 
 from api.app import create_app
 from tests.api.conftest import Recorder, key_of
-from tests.api.helpers import chat
 from tests.api.proxy.conftest import proxy_settings
 from tests.api.server import serve
+from tests.builders import chat
 
 CHUNK = b'data: {"id":"c","object":"chat.completion.chunk","created":0,"model":"m",'
 CHUNK += b'"choices":[{"index":0,"delta":{"content":"half an "},"finish_reason":null}]}\n\n'
@@ -67,6 +67,7 @@ def test_a_stream_the_upstream_breaks_off_raises_instead_of_ending_quietly(
     assert "broke off" in caught.value.message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("client", [_stalls], indirect=True)
 def test_an_upstream_that_times_out_is_a_504_the_sdk_raises(client: Any) -> None:
     """No byte within the read timeout: `InternalServerError` 504, in OpenAI's shape."""

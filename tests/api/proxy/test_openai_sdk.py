@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from shared.messages import validate
-from tests.api.helpers import assistant, user
 from tests.api.proxy.conftest import TASK, Proxy, agent_session
+from tests.builders import assistant, user
 from tests.fakeprovider import WORDS, Reply
 
 

@@ -21,8 +21,8 @@ from api.proxy.overflow import (
 from shared.formats import to_anthropic
 from shared.messages import validate
 from tests.api.conftest import WINDOW
-from tests.api.helpers import chat, user
 from tests.api.proxy.conftest import Proxy, agent_session, wait_for
+from tests.builders import chat, user
 from tests.fakeprovider import WORDS, FakeProvider, Reply
 
 SCALE = 1.5

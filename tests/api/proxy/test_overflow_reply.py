@@ -16,9 +16,9 @@ from shared.formats import from_anthropic, to_anthropic
 from shared.messages import Message
 from shared.settings import ModelWindow
 from tests.api.conftest import RESERVE, WINDOW, Recorder
-from tests.api.helpers import call, result, user
 from tests.api.proxy import test_anthropic, test_openai
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, serving
+from tests.builders import call, result, user
 from tests.fakeprovider import FakeProvider, prompt_tokens
 
 REPLY = 6_000  # the provider refuses prompt + REPLY over WINDOW

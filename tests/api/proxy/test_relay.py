@@ -12,7 +12,8 @@ from api.policies import resolve_window
 from api.proxy.relay import sync
 from shared.errors import InvalidTranscript
 from shared.store.writes import Writes
-from tests.api.helpers import assistant, call, chat, conv_id, user
+from tests.api.helpers import conv_id
+from tests.builders import assistant, call, chat, user
 
 
 @pytest.fixture

@@ -25,6 +25,8 @@ from tests.api.proxy.conftest import TASK, Proxy, proxy_settings, wait_for
 from tests.api.server import serve
 from tests.fakeprovider import WORDS, prompt_tokens
 
+pytestmark = pytest.mark.anyio
+
 INSTRUCTIONS = "You are Codex, a coding agent. Be careful."
 RESPONSES_TOOLS: list[dict[str, Any]] = [
     {
@@ -418,7 +420,7 @@ def test_prefit_errors_are_openai_errors(proxy: Proxy) -> None:
     assert proxy.fake.received == []
 
 
-def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
+async def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
     """The store holds the session as converted; once a worker's summary record exists, the
     next turn goes as [head][summary][the rest], carried items still byte for byte."""
     client = sdk(proxy)
@@ -439,7 +441,7 @@ def test_a_summary_made_ahead_is_used_on_the_next_turn(proxy: Proxy) -> None:
         settings=proxy.settings,
         owner="test",
     )
-    assert asyncio.run(done).status == "written"
+    assert (await done).status == "written"
     items += [
         {
             "type": "message",

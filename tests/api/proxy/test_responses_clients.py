@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -15,6 +14,8 @@ from tests.api.conftest import RESERVE, WINDOW
 from tests.api.proxy.conftest import TASK, Proxy, agent_session
 from tests.api.proxy.test_responses import assert_fitted_faithfully, codex_session
 from tests.fakeprovider import WORDS, Reply, prompt_tokens
+
+pytestmark = pytest.mark.anyio
 
 ANSWER = "".join(WORDS)
 
@@ -34,7 +35,7 @@ def agent(proxy: Proxy, looked_up: list[str]) -> Agent[Any]:
 
 
 @pytest.mark.parametrize("streamed", [False, True])
-def test_an_agents_sdk_runner_with_a_function_tool_runs_through_prefit(
+async def test_an_agents_sdk_runner_with_a_function_tool_runs_through_prefit(
     proxy: Proxy, streamed: bool
 ) -> None:
     """A Runner calls its tool and answers, both turns fitted under the window: the long
@@ -54,7 +55,7 @@ def test_an_agents_sdk_runner_with_a_function_tool_runs_through_prefit(
             pass
         return result.final_output
 
-    assert asyncio.run(run()) == ANSWER
+    assert await run() == ANSWER
     assert looked_up == ["users:42"]
     first, second = proxy.fake.received
     assert (first.status, second.status) == (200, 200)  # no overflow reached the provider

@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 
-from tests.api.helpers import user
 from tests.api.proxy.conftest import Proxy
 from tests.api.proxy.test_anthropic import sdk
+from tests.builders import user
 
 
 def send(proxy: Proxy, method: str, path: str, **headers: str) -> httpx.Response:

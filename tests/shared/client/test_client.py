@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from shared.errors import (
     Unauthorized,
     UnknownModel,
 )
+
+pytestmark = pytest.mark.anyio
 
 Handler = Callable[[httpx.Request], httpx.Response]
 APPENDED = {
@@ -160,7 +161,7 @@ def test_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
     assert reads == [7.0, 2.0, 2.0]
 
 
-def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
+async def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
     """The async client reads a waiting prepare for `wait_ms` longer too."""
     rec = Recorder(httpx.Response(200, json=PREPARED))
 
@@ -169,7 +170,7 @@ def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> None:
         async with AsyncPrefitClient("http://p.test", timeout=1.0, transport=transport) as c:
             await c.prepare("c1", model="m", wait_ms=2500)
 
-    asyncio.run(scenario())
+    await scenario()
     assert rec.requests[0].extensions["timeout"]["read"] == 3.5
 
 
@@ -391,7 +392,7 @@ def test_health_reports_without_raising() -> None:
     assert (health.ok, health.status) == (False, 0)
 
 
-def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPatch) -> None:
     """AsyncPrefitClient retries a 503, parses results and raises typed errors."""
     waited: list[float] = []
 
@@ -416,7 +417,7 @@ def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPatch) ->
             assert err.value.actual == 3
             assert (await c.health()).ok
 
-    asyncio.run(scenario())
+    await scenario()
     assert len(waited) == 1
     assert "Authorization" not in rec.requests[0].headers
 

@@ -318,6 +318,7 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @needs_redis_server
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
 @pytest.mark.skipif(

@@ -25,6 +25,7 @@ def test_a_node_port_comes_with_a_free_bus_port() -> None:
     assert _bindable(port) and _bindable(port + BUS_OFFSET)
 
 
+@pytest.mark.slow
 def test_a_started_cluster_serves_every_slot_and_stop_removes_it() -> None:
     """Three masters split the slots; a cluster client from the first node's URL reaches all
     of them; stop() ends every node and removes their directories."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from shared.policy import ContextPolicy
 from tests.conftest import needs_transcripts
 from tests.shared import aider
 from tests.shared.strategies.test_strategies import agent
+
+pytestmark = pytest.mark.anyio
 
 
 def test_picture_shows_every_fate_with_figures(
@@ -96,9 +97,9 @@ def test_tiktoken_that_cannot_load_is_a_clear_error(
     assert "prefit inspect: tiktoken cannot load encoding" in capsys.readouterr().err
 
 
-def test_a_request_kept_in_a_cut_template_is_a_head_cell() -> None:
+async def test_a_request_kept_in_a_cut_template_is_a_head_cell() -> None:
     """aider's request kept inside a cut template shows as head, the map dropped before it."""
     msgs = aider.run_prompts("Fix the build warnings", 30, map_chars=4000)[-1]
     policy = ContextPolicy(8_000, counter=HeuristicCounter(), reserve_output=512)
-    cells = {a: fate for a, _, fate in fates(msgs, asyncio.run(policy.cut(msgs)))}
+    cells = {a: fate for a, _, fate in fates(msgs, await policy.cut(msgs))}
     assert cells[9] == "head" and cells[7] == "dropped"  # the request; the repository map

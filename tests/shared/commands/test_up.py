@@ -157,6 +157,7 @@ def test_a_requested_stop_ends_watch() -> None:
         sup.stop()
 
 
+@pytest.mark.slow
 def test_up_restarts_a_dead_child_until_told_to_stop(
     monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:
@@ -381,6 +382,7 @@ def test_up_names_a_redis_dir_it_cannot_make(
     assert f"--redis-dir {blocker}: cannot make the folder" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_up_stops_when_the_api_never_starts(
     monkeypatch: pytest.MonkeyPatch, redis_url: str
 ) -> None:

@@ -105,6 +105,7 @@ def finished(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in records if r["event"] == "summary.task_finished"]
 
 
+@pytest.mark.slow
 @needs_redis_server
 def test_up_writes_one_structured_line_per_request_and_per_summary_job() -> None:
     """Every line `prefit up` prints (not a terminal) is JSON with event, level and timestamp;

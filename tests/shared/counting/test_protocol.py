@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import os
@@ -13,15 +12,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from shared.counting import encodings
 from shared.counting.calibration import CalibratedCounter
 from shared.counting.counters import HeuristicCounter, TiktokenCounter
-from shared.counting.protocol import CountOnly, MessageCounter, encodings, per_message
+from shared.counting.protocol import CountOnly, MessageCounter, per_message
 from shared.errors import ConfigError, DoesNotFit
 from shared.messages import Message, ToolSpec
 from shared.policy import ContextPolicy
 from shared.settings import get_settings
+from tests.builders import wordy_chat
 from tests.shared.generated import transcripts
 from tests.shared.invariants import assert_justified, check
+
+pytestmark = pytest.mark.anyio
 
 
 class WordCounter:
@@ -39,14 +42,6 @@ class WordCounter:
         return words + sum(len(str(t).split()) for t in tools) + 2
 
 
-def chat(n: int) -> list[Message]:
-    msgs: list[Message] = [{"role": "user", "content": "plan a trip"}]
-    for i in range(n):
-        msgs.append({"role": "assistant", "content": f"idea {i} " + "word " * 120})
-        msgs.append({"role": "user", "content": f"more {i} " + "word " * 40})
-    return msgs
-
-
 def test_sizes_derive_from_count_and_are_cached_by_content() -> None:
     """count_message = count([m]) - count([]); a message counted once costs no more calls."""
     inner = WordCounter()
@@ -61,13 +56,13 @@ def test_sizes_derive_from_count_and_are_cached_by_content() -> None:
     assert per_message(HeuristicCounter()).__class__ is HeuristicCounter
 
 
-def test_policy_and_calibration_accept_a_count_only_counter() -> None:
+async def test_policy_and_calibration_accept_a_count_only_counter() -> None:
     """ContextPolicy(counter=...) and CalibratedCounter(...) both work with it, and fit by it."""
     inner = WordCounter()
-    msgs = chat(40)
+    msgs = wordy_chat(40)
     for counter in (inner, CalibratedCounter(inner)):
         policy = ContextPolicy(3_000, counter=counter, reserve_output=500)
-        out = asyncio.run(policy.prepare(msgs))
+        out = await policy.prepare(msgs)
         assert inner.count(out.messages) <= policy.budget(None)
         check(policy, msgs, out, counter=inner)
     calibrated = CalibratedCounter(inner)
@@ -84,12 +79,12 @@ def test_a_counter_without_count_is_refused() -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(transcripts(max_groups=30), st.integers(1_500, 30_000))
-def test_invariants_with_a_count_only_counter(msgs: list[Message], window: int) -> None:
+async def test_invariants_with_a_count_only_counter(msgs: list[Message], window: int) -> None:
     """Generated transcripts fit by the count-only counter's own measure."""
     inner = WordCounter()
     policy = ContextPolicy(window + 500, counter=inner, reserve_output=500)
     try:
-        out = asyncio.run(policy.prepare(msgs))
+        out = await policy.prepare(msgs)
     except DoesNotFit as e:
         assert_justified(e)
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,19 +47,15 @@ def make(
     )
 
 
-def complete(
+async def complete(
     client: ProviderClient,
     messages: Sequence[Message] = MESSAGES,
     *,
     model: str | None = "test-model",
     max_tokens: int = 100,
 ) -> Completion:
-    """Run one completion on a fresh event loop and close the client's pool."""
-
-    async def go() -> Completion:
-        try:
-            return await client.complete(messages, model=model, max_tokens=max_tokens)
-        finally:
-            await client.aclose()
-
-    return asyncio.run(go())
+    """Run one completion and close the client's pool."""
+    try:
+        return await client.complete(messages, model=model, max_tokens=max_tokens)
+    finally:
+        await client.aclose()

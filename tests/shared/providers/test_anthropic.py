@@ -14,12 +14,14 @@ from shared.settings import Price
 from tests.fakellm import Failure, FakeLLM, answer_for
 from tests.shared.providers.helpers import SleepRecorder, complete, make
 
+pytestmark = pytest.mark.anyio
+
 PRICES = {"claude-test": Price(input=3.0, output=15.0)}
 
 
-def test_answer_usage_and_cost(fake: FakeLLM, sleeper: SleepRecorder) -> None:
+async def test_answer_usage_and_cost(fake: FakeLLM, sleeper: SleepRecorder) -> None:
     """Text from content blocks, usage from input/output tokens, cost from the price table."""
-    done = complete(
+    done = await complete(
         make(AnthropicClient, fake.base_url, sleeper, prices=PRICES), model="claude-test"
     )
     prompt = fake.calls[0].prompt
@@ -30,9 +32,9 @@ def test_answer_usage_and_cost(fake: FakeLLM, sleeper: SleepRecorder) -> None:
     assert done.model == "claude-test"
 
 
-def test_request_shape_and_headers(fake: FakeLLM, sleeper: SleepRecorder) -> None:
+async def test_request_shape_and_headers(fake: FakeLLM, sleeper: SleepRecorder) -> None:
     """System goes top-level; x-api-key and anthropic-version are sent; max_tokens is passed."""
-    complete(make(AnthropicClient, fake.base_url, sleeper, api_key="ak-test"), max_tokens=33)
+    await complete(make(AnthropicClient, fake.base_url, sleeper, api_key="ak-test"), max_tokens=33)
     call = fake.calls[0]
     assert call.path == "/v1/messages"
     assert call.headers["x-api-key"] == "ak-test"
@@ -44,9 +46,11 @@ def test_request_shape_and_headers(fake: FakeLLM, sleeper: SleepRecorder) -> Non
 
 
 @pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
-def test_base_url_with_or_without_v1(fake: FakeLLM, sleeper: SleepRecorder, suffix: str) -> None:
+async def test_base_url_with_or_without_v1(
+    fake: FakeLLM, sleeper: SleepRecorder, suffix: str
+) -> None:
     """`https://host` and `https://host/v1` both reach /v1/messages."""
-    complete(make(AnthropicClient, fake.root_url + suffix, sleeper))
+    await complete(make(AnthropicClient, fake.root_url + suffix, sleeper))
     assert fake.calls[0].path == "/v1/messages"
 
 
@@ -89,7 +93,7 @@ def test_only_system_messages_is_invalid() -> None:
         plain_turns([{"role": "system", "content": "S"}])
 
 
-def test_cached_input_tokens_count_as_input(sleeper: SleepRecorder) -> None:
+async def test_cached_input_tokens_count_as_input(sleeper: SleepRecorder) -> None:
     """Cache-creation and cache-read tokens are added to the input tokens."""
     answer = {
         "model": "claude-test",
@@ -106,15 +110,15 @@ def test_cached_input_tokens_count_as_input(sleeper: SleepRecorder) -> None:
     }
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
     client = make(AnthropicClient, "http://llm.test", sleeper, transport=transport)
-    done = complete(client)
+    done = await complete(client)
     assert (done.text, done.input_tokens, done.output_tokens) == ("ok", 22, 2)
 
 
-def test_context_length_from_the_fake(fake: FakeLLM, sleeper: SleepRecorder) -> None:
+async def test_context_length_from_the_fake(fake: FakeLLM, sleeper: SleepRecorder) -> None:
     """ "prompt is too long" raises ContextLengthExceeded after one call."""
     fake.context_limit_chars = 20
     with pytest.raises(ContextLengthExceeded) as info:
-        complete(make(AnthropicClient, fake.base_url, sleeper))
+        await complete(make(AnthropicClient, fake.base_url, sleeper))
     assert info.value.status == 400
     assert len(fake.calls) == 1
 
@@ -151,17 +155,19 @@ CONTEXT_ERRORS: list[tuple[int, Any]] = [
 
 
 @pytest.mark.parametrize(("status", "body"), CONTEXT_ERRORS)
-def test_context_length_variants(
+async def test_context_length_variants(
     fake: FakeLLM, sleeper: SleepRecorder, status: int, body: Any
 ) -> None:
     """Anthropic's wordings of "too long" raise ContextLengthExceeded, not retried."""
     fake.script(Failure(status, body=body))
     with pytest.raises(ContextLengthExceeded):
-        complete(make(AnthropicClient, fake.base_url, sleeper))
+        await complete(make(AnthropicClient, fake.base_url, sleeper))
     assert len(fake.calls) == 1
 
 
-def test_other_invalid_request_is_not_context_length(fake: FakeLLM, sleeper: SleepRecorder) -> None:
+async def test_other_invalid_request_is_not_context_length(
+    fake: FakeLLM, sleeper: SleepRecorder
+) -> None:
     """An invalid_request_error about something else is a plain LLMError."""
     body = {
         "type": "error",
@@ -169,12 +175,12 @@ def test_other_invalid_request_is_not_context_length(fake: FakeLLM, sleeper: Sle
     }
     fake.script(Failure(400, body=body))
     with pytest.raises(LLMError) as info:
-        complete(make(AnthropicClient, fake.base_url, sleeper))
+        await complete(make(AnthropicClient, fake.base_url, sleeper))
     assert type(info.value) is LLMError
 
 
-def test_empty_answer_names_the_stop_reason(fake: FakeLLM, sleeper: SleepRecorder) -> None:
+async def test_empty_answer_names_the_stop_reason(fake: FakeLLM, sleeper: SleepRecorder) -> None:
     """An answer without text says why the model stopped."""
     fake.script(Failure(200, body={"content": [], "stop_reason": "max_tokens"}))
     with pytest.raises(LLMError, match="stop_reason=max_tokens"):
-        complete(make(AnthropicClient, fake.base_url, sleeper))
+        await complete(make(AnthropicClient, fake.base_url, sleeper))

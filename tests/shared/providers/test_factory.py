@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 import pytest
@@ -13,6 +12,8 @@ from shared.settings import Price, Settings
 from shared.summaries.llm import Completion
 from tests.fakellm import FakeLLM
 from tests.shared.providers.helpers import SleepRecorder
+
+pytestmark = pytest.mark.anyio
 
 
 def test_no_url_means_no_client() -> None:
@@ -57,7 +58,7 @@ def test_anthropic_client_from_settings() -> None:
 
 
 @pytest.mark.parametrize("protocol", ["openai", "anthropic"])
-def test_configured_client_works_end_to_end(protocol: Literal["openai", "anthropic"]) -> None:
+async def test_configured_client_works_end_to_end(protocol: Literal["openai", "anthropic"]) -> None:
     """A client built from settings talks to the fake with the configured key and model."""
     with FakeLLM() as fake:
         settings = Settings(
@@ -68,7 +69,7 @@ def test_configured_client_works_end_to_end(protocol: Literal["openai", "anthrop
         )
         client = client_from_settings(settings, sleep=SleepRecorder())
         assert client is not None
-        done = asyncio.run(_one_call(client))
+        done = await _one_call(client)
         call = fake.calls[0]
     assert done.text.startswith("SUMMARY ")
     assert call.model == "m-1"

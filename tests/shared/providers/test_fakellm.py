@@ -18,6 +18,8 @@ import pytest
 from shared.providers import OpenAIClient, http_timeout
 from tests.fakellm import Failure, FakeLLM, answer_for
 
+pytestmark = pytest.mark.anyio
+
 ROOT = Path(__file__).resolve().parents[3]
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 5}
 
@@ -57,11 +59,12 @@ def test_context_limit_answers_with_the_protocols_error(fake: FakeLLM) -> None:
     assert anthropic.json()["error"]["message"].startswith("prompt is too long")
 
 
-def test_three_hundred_slow_requests_in_flight_at_once() -> None:
+@pytest.mark.slow
+async def test_three_hundred_slow_requests_in_flight_at_once() -> None:
     """300 concurrent calls of one provider client are all in flight together, all answered."""
     with FakeLLM(delay=0.05, gate=300) as fake:
         client = OpenAIClient(fake.base_url, None, timeout=http_timeout(30, 5), max_connections=300)
-        texts = asyncio.run(_concurrent(client, 300))
+        texts = await _concurrent(client, 300)
         assert texts == [answer_for(f"request {i}") for i in range(300)]
         assert fake.max_in_flight >= 300
         assert len(fake.calls) == 300
@@ -82,6 +85,7 @@ async def _concurrent(client: OpenAIClient, n: int) -> list[str]:
     return [d.text for d in done]
 
 
+@pytest.mark.slow
 def test_runs_as_a_separate_process() -> None:
     """`python -m tests.fakellm --port N` serves until terminated."""
     with socket.socket() as s:

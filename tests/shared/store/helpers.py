@@ -1,11 +1,10 @@
-"""Test helpers: sample chats and a look at the raw keys of one tenant."""
+"""Test helpers: a look at the raw keys of one tenant, and threads started at once."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
 
-from shared.messages import Message
 from shared.store import keys
 from shared.store.client import Client
 
@@ -14,12 +13,6 @@ def tenant_keys(client: Client, tenant: str) -> set[str]:
     """Every key of the tenant and its conversations (SCAN, never KEYS; every node of a
     cluster)."""
     return {k.decode() for k in client.scan_iter(match=keys.tenant_pattern(tenant), count=1000)}
-
-
-def chat(n: int, tag: str = "m") -> list[Message]:
-    """n alternating user/assistant messages with distinct text."""
-    roles = ("user", "assistant")
-    return [{"role": roles[i % 2], "content": f"{tag}{i}"} for i in range(n)]
 
 
 def run_threads(fn: Callable[[int], object], n: int) -> list[object]:

@@ -8,7 +8,8 @@ from shared.hashing import prefix_hashes
 from shared.store import Blocks, Range, Store
 from shared.store.blocks import origin
 from shared.summaries.book import SummaryRecord
-from tests.shared.store.helpers import chat, run_threads
+from tests.builders import numbered_chat
+from tests.shared.store.helpers import run_threads
 
 RANGE = Range("none", 21, "v1:" + "a" * 32)
 BASE, MAX = 0.3, 1.0
@@ -93,12 +94,12 @@ def test_replacing_with_unrelated_content_lifts_the_block(store: Store, tenant: 
     """A PUT of a transcript that no longer holds the blocked range's prefix lifts the block;
     one that still holds it (an edit after the range) keeps it."""
     blocks = _blocks(store)
-    old = chat(6)
+    old = numbered_chat(6)
     store.conversations.replace(tenant, "c1", old)
     blocked = Range("none", 4, prefix_hashes(old)[4])
     blocks.fail(tenant, "c1", blocked, "E", limit=0, permanent=True)
     store.conversations.replace(tenant, "c1", [*old[:5], {"role": "user", "content": "edited"}])
     assert blocks.get(tenant, "c1") is not None
-    store.conversations.replace(tenant, "c1", chat(6, "other"))
+    store.conversations.replace(tenant, "c1", numbered_chat(6, "other"))
     assert blocks.get(tenant, "c1") is None
     assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == 1

@@ -12,8 +12,8 @@ from shared.counting.counters import HeuristicCounter
 from shared.errors import ImplausibleObservation
 from shared.store import Calibration, Store, keys
 from shared.store.calibration import RedisRatios
+from tests.conftest import RETENTION_S
 from tests.redisbackend import store_client
-from tests.shared.store.conftest import RETENTION_S
 from tests.shared.store.helpers import run_threads
 
 

@@ -10,12 +10,12 @@ from shared.errors import NotFound
 from shared.hashing import prefix_hashes
 from shared.store import Store, keys
 from shared.summaries.book import SummaryRecord
-from tests.shared.store.helpers import chat
+from tests.builders import numbered_chat
 
 
 def test_claim_takes_the_lease_and_reads_under_it(store: Store, tenant: str) -> None:
     """With the lease come the messages, hashes, metadata, book and the tenant's ratio."""
-    msgs = chat(6)
+    msgs = numbered_chat(6)
     store.conversations.append(tenant, "c", msgs)
     h = prefix_hashes(msgs)
     store.records.put(tenant, "c", SummaryRecord(2, h[2], "to 2"))
@@ -36,7 +36,7 @@ def test_claim_takes_the_lease_and_reads_under_it(store: Store, tenant: str) -> 
 
 
 def test_claim_of_a_held_lease_names_the_holder(store: Store, tenant: str) -> None:
-    store.conversations.append(tenant, "c", chat(4))
+    store.conversations.append(tenant, "c", numbered_chat(4))
     assert store.leases.acquire(tenant, "c", "w1", 30)
     claim = store.claims.claim(tenant, "c", "w2", 30, ratio_of="m")
     assert claim.held is None and claim.holder == "w1"
@@ -54,7 +54,7 @@ def test_claim_of_a_missing_conversation(store: Store, tenant: str) -> None:
 
 
 def test_commit_counts_then_writes_once(store: Store, tenant: str) -> None:
-    msgs = chat(4)
+    msgs = numbered_chat(4)
     store.conversations.append(tenant, "c", msgs)
     h = prefix_hashes(msgs)
     assert store.claims.commit(tenant, "c", SummaryRecord(2, h[2], "first"), (100, 10, 0.25))
@@ -70,7 +70,7 @@ def test_commit_counts_then_writes_once(store: Store, tenant: str) -> None:
 def test_commit_for_a_deleted_conversation_counts_but_writes_nothing(
     store: Store, tenant: str
 ) -> None:
-    h = prefix_hashes(chat(3))
+    h = prefix_hashes(numbered_chat(3))
     with pytest.raises(NotFound):
         store.claims.commit(tenant, "c", SummaryRecord(2, h[2], "x"), (7, 1, 0.0))
     assert store.records.get(tenant, h[2]) is None
@@ -78,11 +78,11 @@ def test_commit_for_a_deleted_conversation_counts_but_writes_nothing(
 
 
 def test_release_gives_up_the_lease_then_reads_the_metadata(store: Store, tenant: str) -> None:
-    store.conversations.append(tenant, "c", chat(4))
+    store.conversations.append(tenant, "c", numbered_chat(4))
     claim = store.claims.claim(tenant, "c", "w1", 30)
     assert claim.held is not None and claim.conversation is not None
     with claim.held:
-        store.conversations.append(tenant, "c", chat(2))
+        store.conversations.append(tenant, "c", numbered_chat(2))
         now = store.claims.release(claim.held)
         assert store.leases.owner(tenant, "c") is None
         # another worker takes the lease; leaving the block must not release it
@@ -93,7 +93,7 @@ def test_release_gives_up_the_lease_then_reads_the_metadata(store: Store, tenant
 
 
 def test_release_of_a_deleted_conversation(store: Store, tenant: str) -> None:
-    store.conversations.append(tenant, "c", chat(2))
+    store.conversations.append(tenant, "c", numbered_chat(2))
     claim = store.claims.claim(tenant, "c", "w1", 30)
     assert claim.held is not None
     store.conversations.delete(tenant, "c")

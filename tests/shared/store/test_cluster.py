@@ -4,7 +4,6 @@ records shared across nodes through the tenant's directory."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +18,10 @@ from shared.store import Store, keys
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.store.writes import Append
 from shared.summaries.book import SummaryRecord
-from tests.shared.store.helpers import chat, tenant_keys
+from tests.builders import numbered_chat
+from tests.shared.store.helpers import tenant_keys
+
+pytestmark = pytest.mark.anyio
 
 CLUSTER = Settings(redis_cluster=True, broker_url="redis://127.0.0.1:1/0", retention_s=3600)
 STANDALONE = Settings(redis_cluster=False, retention_s=3600)
@@ -86,7 +88,7 @@ def test_a_conversations_keys_sit_on_one_node_and_a_tenants_conversations_spread
     conversations of one tenant land on three nodes, its directory on the tenant's."""
     convs = on_other_nodes(cluster, tenant, 3)
     for conv in convs:
-        msgs = chat(4, conv)
+        msgs = numbered_chat(4, conv)
         cluster.conversations.append(tenant, conv, msgs)
         cluster.records.put(tenant, conv, SummaryRecord(2, prefix_hashes(msgs)[2], "s"))
     placed: dict[int, set[str]] = {}
@@ -101,11 +103,11 @@ def test_a_conversations_keys_sit_on_one_node_and_a_tenants_conversations_spread
     assert tenant_keys(cluster.client, tenant) == set().union(*placed.values())
 
 
-def test_scripts_run_again_on_nodes_that_lost_them(cluster: Store, tenant: str) -> None:
+async def test_scripts_run_again_on_nodes_that_lost_them(cluster: Store, tenant: str) -> None:
     """After every node's script cache is flushed (a restart, a failover), each operation
     loads its script again on the node that lacks it: writes, reads, the asyncio read."""
     convs = on_other_nodes(cluster, tenant, 3)
-    msgs = chat(6)
+    msgs = numbered_chat(6)
     h = prefix_hashes(msgs)
     for conv in convs:  # every script cached on every node
         cluster.conversations.append(tenant, conv, msgs[:4])
@@ -122,11 +124,11 @@ def test_scripts_run_again_on_nodes_that_lost_them(cluster: Store, tenant: str) 
         assert best is not None and best.upto == 4
         since = Increments(cluster.client).since(tenant, conv, start=4, prefix_hash=h[4])
         assert since.matches and since.hashes == h[5:]
-        assert asyncio.run(_since_async(cluster, tenant, conv, h)) == since
+        assert await _since_async(cluster, tenant, conv, h) == since
     for c in nodes(cluster):
         c.script_flush()
         c.close()
-    assert asyncio.run(_since_async(cluster, tenant, convs[0], h)).best == best
+    assert (await _since_async(cluster, tenant, convs[0], h)).best == best
 
 
 async def _since_async(store: Store, tenant: str, conv: str, h: list[str]) -> Increment:
@@ -145,7 +147,7 @@ def test_a_fork_on_another_node_reuses_the_record_and_deletes_clean_up(
     """Two conversations on two nodes: the second finds the first's record in the tenant's
     directory (a third slot) and copies it; once both are deleted nothing of them is left."""
     first, fork = on_other_nodes(cluster, tenant, 2)
-    msgs = chat(8)
+    msgs = numbered_chat(8)
     h = prefix_hashes(msgs)
     slots = {key_slot(k.encode()) for k in (keys.conv_meta(tenant, first),
              keys.conv_meta(tenant, fork), keys.directory(tenant, h[6]))}  # fmt: skip

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared.store import DeadLetters, Store, keys
 from shared.store.deadletters import MAX_ERROR_CHARS
-from tests.shared.store.conftest import RETENTION_S
+from tests.conftest import RETENTION_S
 
 
 def test_add_then_list_newest_first(store: Store, tenant: str) -> None:

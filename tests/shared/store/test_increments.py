@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import asyncio
+import pytest
 
 from shared.hashing import EMPTY, canonical, prefix_hashes
 from shared.store import Store
 from shared.store.increments import AsyncIncrements, Increment, Increments
 from shared.summaries.book import SummaryRecord
+from tests.builders import numbered_chat
 from tests.redisbackend import async_store_client
-from tests.shared.store.helpers import chat
+
+pytestmark = pytest.mark.anyio
 
 
 def test_only_what_follows_a_matching_prefix_is_read(store: Store, tenant: str) -> None:
     """From a prefix whose hash still matches: the messages after it, their hashes, the best
     record; from a prefix that no longer matches, or past the end, nothing."""
-    msgs = chat(6)
+    msgs = numbered_chat(6)
     store.conversations.append(tenant, "c", msgs)
     h = prefix_hashes(msgs)
     store.records.put(tenant, "c", SummaryRecord(2, h[2], "to 2"))
@@ -39,9 +41,9 @@ def test_only_what_follows_a_matching_prefix_is_read(store: Store, tenant: str) 
     )
 
 
-def test_the_asyncio_read_is_the_same_read(store: Store, tenant: str, redis_url: str) -> None:
+async def test_the_asyncio_read_is_the_same_read(store: Store, tenant: str, redis_url: str) -> None:
     """`AsyncIncrements` answers exactly as `Increments`."""
-    msgs = chat(5)
+    msgs = numbered_chat(5)
     store.conversations.append(tenant, "c", msgs)
     h = prefix_hashes(msgs)
     store.records.put(tenant, "c", SummaryRecord(2, h[2], "to 2"))
@@ -55,4 +57,4 @@ def test_the_asyncio_read_is_the_same_read(store: Store, tenant: str, redis_url:
 
     for start, prefix in ((0, EMPTY), (3, h[3]), (3, h[2])):
         expected = Increments(store.client).since(tenant, "c", start=start, prefix_hash=prefix)
-        assert asyncio.run(read(start, prefix)) == expected
+        assert await read(start, prefix) == expected

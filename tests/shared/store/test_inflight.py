@@ -6,7 +6,8 @@ import time
 import uuid
 
 from shared.store import Store, Ticket
-from tests.shared.store.helpers import chat, run_threads
+from tests.builders import numbered_chat
+from tests.shared.store.helpers import run_threads
 
 
 def _ticket(tenant: str, conv: str = "c1", retries: int = 0) -> Ticket:
@@ -17,7 +18,7 @@ def _ticket(tenant: str, conv: str = "c1", retries: int = 0) -> Ticket:
 
 def test_an_entry_lives_from_claim_to_release(store: Store, tenant: str) -> None:
     """Claiming registers the job, the lease's release removes it: a finished job is not reaped."""
-    store.conversations.append(tenant, "c1", chat(3))
+    store.conversations.append(tenant, "c1", numbered_chat(3))
     ticket = _ticket(tenant)
     claim = store.claims.claim(tenant, "c1", "w1", 0.05, ticket=ticket)
     assert claim.held is not None and store.inflight.running(ticket.queue) == 1
@@ -31,7 +32,7 @@ def test_an_entry_nobody_renews_is_reaped_once_its_deadline_passed(
     store: Store, tenant: str
 ) -> None:
     """A dead worker's entry comes back (kwargs and retries intact) after its ttl, not before."""
-    store.conversations.append(tenant, "c1", chat(3))
+    store.conversations.append(tenant, "c1", numbered_chat(3))
     ticket = _ticket(tenant, retries=2)
     claim = store.claims.claim(tenant, "c1", "w1", 0.3, ticket=ticket)
     assert claim.held is not None  # and never released nor renewed: the worker died

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
 
+import pytest
 import redis.asyncio
 
 from shared.head import head_of, task_digest
@@ -13,44 +13,44 @@ from shared.store.openings import Openings
 from tests.redisbackend import async_store_client
 from tests.shared import preambles as p
 
+pytestmark = pytest.mark.anyio
+
 PREAMBLE_KEY = task_digest({"role": "user", "content": p.PREAMBLE})
 
 
-def learn(redis_url: str, memory: Openings, tenant: str, *tasks: str) -> list[frozenset[str]]:
+async def learn(redis_url: str, memory: Openings, tenant: str, *tasks: str) -> list[frozenset[str]]:
     """The preambles found for a conversation on each of `tasks`, in order."""
-
-    async def run() -> list[frozenset[str]]:
-        client = async_store_client(redis_url)
-        try:
-            return [await memory.preambles(client, tenant, p.opened(t)) for t in tasks]
-        finally:
-            await client.aclose()
-
-    return asyncio.run(run())
+    client = async_store_client(redis_url)
+    try:
+        return [await memory.preambles(client, tenant, p.opened(t)) for t in tasks]
+    finally:
+        await client.aclose()
 
 
-def test_an_opening_of_two_conversations_is_a_preamble_for_the_second(
+async def test_an_opening_of_two_conversations_is_a_preamble_for_the_second(
     redis_url: str, tenant: str
 ) -> None:
     """The first conversation keeps its head; the second and third find their task past it."""
     memory = Openings()
-    found = learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode", "Port to 3.13")
+    found = await learn(
+        redis_url, memory, tenant, "Fix the login bug", "Add a dark mode", "Port to 3.13"
+    )
     assert found == [frozenset(), frozenset({PREAMBLE_KEY}), frozenset({PREAMBLE_KEY})]
     third = p.opened("Port to 3.13")
     assert head_of(third, preambles=found[2]).task == 3 and head_of(third).task == 1
-    again = learn(redis_url, Openings(), tenant, "Fix the login bug", "Add a dark mode")
+    again = await learn(redis_url, Openings(), tenant, "Fix the login bug", "Add a dark mode")
     assert again == found[:2]  # another process reads the same memory, and the first stays put
     assert memory.cached(tenant, third) == frozenset({PREAMBLE_KEY})
 
 
-def test_tenants_do_not_share_the_memory(redis_url: str, tenant: str) -> None:
+async def test_tenants_do_not_share_the_memory(redis_url: str, tenant: str) -> None:
     """What one tenant's conversations taught never applies to another's."""
     memory = Openings()
-    learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode")
-    assert learn(redis_url, memory, tenant + "-b", "Port to 3.13") == [frozenset()]
+    await learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode")
+    assert await learn(redis_url, memory, tenant + "-b", "Port to 3.13") == [frozenset()]
 
 
-def test_only_hashes_are_stored_with_an_expiry(redis_url: str, tenant: str) -> None:
+async def test_only_hashes_are_stored_with_an_expiry(redis_url: str, tenant: str) -> None:
     """The memory holds the follow-up's hash under the opening's hash, expiring."""
 
     async def read() -> tuple[bytes | None, int]:
@@ -61,8 +61,8 @@ def test_only_hashes_are_stored_with_an_expiry(redis_url: str, tenant: str) -> N
         finally:
             await client.aclose()
 
-    learn(redis_url, Openings(), tenant, "Fix the login bug")
-    value, ttl = asyncio.run(read())
+    await learn(redis_url, Openings(), tenant, "Fix the login bug")
+    value, ttl = await read()
     assert value == task_digest({"role": "user", "content": "Fix the login bug"}).encode()
     assert 0 < ttl <= 30 * 86_400
 
@@ -75,28 +75,24 @@ def dead_client() -> redis.asyncio.Redis:
     return redis.asyncio.Redis(port=port, socket_connect_timeout=0.1)
 
 
-def ask_dead(memory: Openings, tenant: str, task: str) -> frozenset[str]:
+async def ask_dead(memory: Openings, tenant: str, task: str) -> frozenset[str]:
     """The preambles `memory` finds for a conversation on `task` with Redis gone."""
-
-    async def run() -> frozenset[str]:
-        client = dead_client()
-        try:
-            return await memory.preambles(client, tenant, p.opened(task))
-        finally:
-            await client.aclose()
-
-    return asyncio.run(run())
+    client = dead_client()
+    try:
+        return await memory.preambles(client, tenant, p.opened(task))
+    finally:
+        await client.aclose()
 
 
-def test_a_redis_fault_leaves_the_transcript_only_rule(tenant: str) -> None:
+async def test_a_redis_fault_leaves_the_transcript_only_rule(tenant: str) -> None:
     """No Redis: no preamble, no error."""
-    assert ask_dead(Openings(), tenant, "Fix the login bug") == frozenset()
+    assert await ask_dead(Openings(), tenant, "Fix the login bug") == frozenset()
 
 
-def test_a_decision_once_known_outlives_a_fault(redis_url: str, tenant: str) -> None:
+async def test_a_decision_once_known_outlives_a_fault(redis_url: str, tenant: str) -> None:
     """Past its cache time, a decision the process knew stands while Redis is gone: the head
     it gave does not flip back."""
     memory = Openings(cache_s=0.0)
-    learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode")
-    assert ask_dead(memory, tenant, "Add a dark mode") == frozenset({PREAMBLE_KEY})
-    assert ask_dead(memory, tenant, "Fix the login bug") == frozenset()
+    await learn(redis_url, memory, tenant, "Fix the login bug", "Add a dark mode")
+    assert await ask_dead(memory, tenant, "Add a dark mode") == frozenset({PREAMBLE_KEY})
+    assert await ask_dead(memory, tenant, "Fix the login bug") == frozenset()

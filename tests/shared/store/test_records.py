@@ -9,12 +9,13 @@ from shared.errors import ConfigError, NotFound
 from shared.hashing import prefix_hashes
 from shared.store import Store, keys
 from shared.summaries.book import SummaryBook, SummaryRecord
-from tests.shared.store.helpers import chat, run_threads, tenant_keys
+from tests.builders import numbered_chat
+from tests.shared.store.helpers import run_threads, tenant_keys
 
 
 def _stored(store: Store, tenant: str, conv: str, n: int, uptos: list[int]) -> list[str]:
-    """Store an n-message chat with one record per upto; return its prefix hashes."""
-    msgs = chat(n)
+    """Store an n-message numbered_chat with one record per upto; return its prefix hashes."""
+    msgs = numbered_chat(n)
     store.conversations.append(tenant, conv, msgs)
     h = prefix_hashes(msgs)
     for u in uptos:
@@ -36,7 +37,7 @@ def test_put_once_then_link(store: Store, tenant: str) -> None:
 
 def test_put_for_missing_conversation_is_refused(store: Store, tenant: str) -> None:
     """A put for a conversation that does not exist (e.g. just deleted) stores nothing."""
-    h = prefix_hashes(chat(3))
+    h = prefix_hashes(numbered_chat(3))
     with pytest.raises(NotFound):
         store.records.put(tenant, "gone", SummaryRecord(2, h[2], "late"))
     assert tenant_keys(store.client, tenant) == set()
@@ -52,7 +53,7 @@ def test_put_for_missing_conversation_is_refused(store: Store, tenant: str) -> N
 )
 def test_bad_record_is_refused(store: Store, tenant: str, record: SummaryRecord) -> None:
     """A record with a non-positive upto or a malformed prefix hash never reaches Redis."""
-    store.conversations.append(tenant, "c", chat(3))
+    store.conversations.append(tenant, "c", numbered_chat(3))
     with pytest.raises(ConfigError):
         store.records.put(tenant, "c", record)
     assert store.records.list(tenant, "c") == []
@@ -83,17 +84,17 @@ def test_best_picks_longest_matching_prefix(store: Store, tenant: str) -> None:
 def test_best_with_given_hashes_of_a_diverging_transcript(store: Store, tenant: str) -> None:
     """Given a transcript that differs from message 5 on, best() stops at the record at 4."""
     _stored(store, tenant, "c", 8, [2, 4, 6])
-    other = chat(8)
+    other = numbered_chat(8)
     other[5] = {"role": "assistant", "content": "edited"}
     best = store.records.best(tenant, "c", prefix_hashes(other))
     assert best is not None and best.upto == 4
-    assert store.records.best(tenant, "c", prefix_hashes(chat(1))) is None
+    assert store.records.best(tenant, "c", prefix_hashes(numbered_chat(1))) is None
 
 
 def test_best_agrees_with_summary_book(store: Store, tenant: str) -> None:
     """The one-round-trip best() finds what SummaryBook.best finds on the same records."""
     _stored(store, tenant, "c", 10, [3, 5, 9])
-    transcript = chat(10)
+    transcript = numbered_chat(10)
     transcript[7] = {"role": "assistant", "content": "changed"}
     book = store.records.book(tenant, "c")
     assert isinstance(book, SummaryBook)
@@ -111,7 +112,7 @@ def test_best_skips_a_vanished_record(store: Store, tenant: str) -> None:
 def test_best_after_replace_ignores_records_that_no_longer_match(store: Store, tenant: str) -> None:
     """After replace edits message 3, records past it stop matching and leave the index."""
     h = _stored(store, tenant, "c", 8, [2, 4, 6])
-    edited = chat(8)
+    edited = numbered_chat(8)
     edited[3] = {"role": "assistant", "content": "rewritten"}
     store.conversations.replace(tenant, "c", edited)
     best = store.records.best(tenant, "c")
@@ -131,7 +132,7 @@ def test_a_fork_reuses_a_record_through_the_directory(store: Store, tenant: str)
     """A second conversation with the same beginning finds the record in the tenant's
     directory and stores its own copy; the entry goes once neither conversation holds it."""
     h = _stored(store, tenant, "a", 6, [4])
-    store.conversations.append(tenant, "b", chat(6))
+    store.conversations.append(tenant, "b", numbered_chat(6))
     found = store.records.get(tenant, h[4])
     assert found is not None and found.text == "summary to 4"
     assert store.records.put(tenant, "b", found)  # b's own copy, in b's slot
@@ -151,7 +152,7 @@ def test_replace_drops_the_copies_only_its_old_text_had(store: Store, tenant: st
     conversation holds, and keeps the others."""
     h = _stored(store, tenant, "a", 8, [2, 6])
     _stored(store, tenant, "b", 8, [6])
-    edited = chat(8)
+    edited = numbered_chat(8)
     edited[3] = {"role": "assistant", "content": "rewritten"}
     store.conversations.replace(tenant, "a", edited)
     assert store.records.directory.refs(tenant, h[6]) == {"b"}
@@ -177,7 +178,7 @@ def test_same_content_in_two_tenants_never_shares(store: Store, tenant: str) -> 
     """Identical transcripts in two tenants: a record of one is invisible to the other."""
     other = tenant + "-b"
     h = _stored(store, tenant, "c", 6, [4])
-    store.conversations.append(other, "c", chat(6))
+    store.conversations.append(other, "c", numbered_chat(6))
     assert store.records.get(other, h[4]) is None
     assert store.records.best(other, "c") is None
     assert store.records.best(other, "c", h) is None

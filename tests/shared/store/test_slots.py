@@ -45,8 +45,9 @@ from shared.store.lookup import RecordLookup
 from shared.store.tally import Tally
 from shared.store.writes import Append, Replacement
 from shared.summaries.book import SummaryRecord
+from tests.builders import numbered_chat
 from tests.redisbackend import require_redis_server
-from tests.shared.store.helpers import chat, tenant_keys
+from tests.shared.store.helpers import tenant_keys
 
 MODULES = (
     blocks, breaker, calibration, claims, directory, inflight, leases, records, tally, unsent,
@@ -76,7 +77,7 @@ def store_scripts() -> dict[str, str]:
 def workload(store: Store, tenant: str) -> None:
     """Every operation of every part of the store, once at least."""
     conv, fork = f"c-{uuid.uuid4().hex[:6]}", f"f-{uuid.uuid4().hex[:6]}"
-    msgs = chat(8)
+    msgs = numbered_chat(8)
     h = prefix_hashes(msgs)
     cs, rs = store.conversations, store.records
     cs.append(tenant, conv, msgs[:6])

@@ -13,12 +13,12 @@ from shared.errors import NotFound, StoreUnavailable
 from shared.settings import Settings
 from shared.store import Store
 from shared.summaries.book import SummaryRecord
+from tests.builders import numbered_chat
 from tests.redisbackend import needs_redis_server, require_redis_server
-from tests.shared.store.helpers import chat
 
 H = "v2:" + "0" * 32
 CALLS: dict[str, Callable[[Store, str], Any]] = {
-    "append": lambda s, t: s.conversations.append(t, "c", chat(1)),
+    "append": lambda s, t: s.conversations.append(t, "c", numbered_chat(1)),
     "read": lambda s, t: s.conversations.read(t, "c"),
     "put": lambda s, t: s.records.put(t, "c", SummaryRecord(1, H, "x")),
     "best": lambda s, t: s.records.best(t, "c"),
@@ -88,11 +88,11 @@ def test_a_cluster_store_needs_a_node_that_answers(down_url: str) -> None:
 def test_store_recovers_after_restart(own_redis: RedisProcess, tenant: str) -> None:
     """After Redis restarts on its port, the same Store works again (without persistence: empty)."""
     store = Store.from_url(own_redis.url, Settings())
-    store.conversations.append(tenant, "c", chat(2))
+    store.conversations.append(tenant, "c", numbered_chat(2))
     own_redis.restart()
     with pytest.raises(NotFound):
         store.conversations.read(tenant, "c")
-    assert store.conversations.append(tenant, "c", chat(1)) == 1
+    assert store.conversations.append(tenant, "c", numbered_chat(1)) == 1
 
 
 def test_out_of_memory_is_store_unavailable_and_writes_nothing(
@@ -103,7 +103,7 @@ def test_out_of_memory_is_store_unavailable_and_writes_nothing(
     store.client.config_set("maxmemory", 1)
     try:
         with pytest.raises(StoreUnavailable):
-            store.conversations.append(tenant, "c", chat(2))
+            store.conversations.append(tenant, "c", numbered_chat(2))
     finally:
         store.client.config_set("maxmemory", 0)
     assert not store.conversations.exists(tenant, "c")
@@ -114,9 +114,9 @@ def test_appendonly_survives_kill(tenant: str) -> None:
     """With appendonly, a SIGKILLed Redis restarted on its directory still has every write."""
     with RedisProcess(appendonly=True) as proc:
         store = Store.from_url(proc.url, Settings())
-        store.conversations.append(tenant, "c", chat(3))
+        store.conversations.append(tenant, "c", numbered_chat(3))
         proc.kill()
         with pytest.raises(StoreUnavailable):
             store.conversations.read(tenant, "c")
         proc.restart()
-        assert store.conversations.read(tenant, "c") == chat(3)
+        assert store.conversations.read(tenant, "c") == numbered_chat(3)

@@ -11,7 +11,8 @@ from shared.hashing import EMPTY, prefix_hash, prefix_hashes
 from shared.store import Store, keys
 from shared.store.writes import Append, Replacement
 from shared.summaries.book import SummaryRecord
-from tests.shared.store.helpers import chat, run_threads, tenant_keys
+from tests.builders import numbered_chat
+from tests.shared.store.helpers import run_threads, tenant_keys
 
 
 def snapshot(store: Store, tenant: str) -> dict[str, bytes | None]:
@@ -24,7 +25,7 @@ def tally(store: Store, tenant: str, cid: str) -> list[int]:
 
 def created(store: Store, tenant: str, cid: str = "c") -> list[dict[str, str]]:
     """A conversation of 4 messages with a tally (counter 'k', 10 tokens each), unbound."""
-    msgs = chat(4)
+    msgs = numbered_chat(4)
     whole = Replacement(
         msgs, prefix_hashes(msgs), [10, 20, 30, 40], counter="k", bound=False, head_end=1
     )
@@ -35,7 +36,7 @@ def created(store: Store, tenant: str, cid: str = "c") -> list[dict[str, str]]:
 def test_append_extends_chain_tally_and_metadata_in_one_step(store: Store, tenant: str) -> None:
     """The Lua extends the chain (as `prefix_hashes`), sums the counts and sets the flag."""
     msgs = created(store, tenant)
-    new = chat(2, "n")
+    new = numbered_chat(2, "n")
     done = store.conversations.writes.append(
         tenant, "c", Append(new, [5, 7], counter="k", free=True, bound=True)
     )
@@ -51,13 +52,15 @@ def test_refused_appends_change_nothing(store: Store, tenant: str) -> None:
     created(store, tenant)
     writes = store.conversations.writes
     before = snapshot(store, tenant)
-    moved = writes.append(tenant, "c", Append(chat(1, "x"), [1], counter="k", after=EMPTY))
+    moved = writes.append(tenant, "c", Append(numbered_chat(1, "x"), [1], counter="k", after=EMPTY))
     assert moved.refused == "tip" and moved.length == 4
     with pytest.raises(LengthMismatch):
-        writes.append(tenant, "c", Append(chat(1, "x"), [1], counter="k", expected_length=3))
+        writes.append(
+            tenant, "c", Append(numbered_chat(1, "x"), [1], counter="k", expected_length=3)
+        )
     store.client.hset(keys.conv_meta(tenant, "c"), "bound", "1")
     before = snapshot(store, tenant)
-    bound = writes.append(tenant, "c", Append(chat(1, "x"), [1], counter="k", free=True))
+    bound = writes.append(tenant, "c", Append(numbered_chat(1, "x"), [1], counter="k", free=True))
     assert bound.refused == "bound"
     assert snapshot(store, tenant) == before
 
@@ -65,16 +68,20 @@ def test_refused_appends_change_nothing(store: Store, tenant: str) -> None:
 def test_a_free_append_on_a_missing_conversation_is_refused(store: Store, tenant: str) -> None:
     """Creating is always checked against the empty tip: a free append finds it bound."""
     writes = store.conversations.writes
-    assert writes.append(tenant, "new", Append(chat(1), [1], free=True)).refused == "bound"
+    assert writes.append(tenant, "new", Append(numbered_chat(1), [1], free=True)).refused == "bound"
     assert tenant_keys(store.client, tenant) == set()
-    done = writes.append(tenant, "new", Append(chat(1), [3], counter="k", after=EMPTY, head_end=1))
+    done = writes.append(
+        tenant, "new", Append(numbered_chat(1), [3], counter="k", after=EMPTY, head_end=1)
+    )
     assert done.refused is None and done.total == 3
 
 
 def test_a_tally_of_another_counter_or_tip_is_dropped(store: Store, tenant: str) -> None:
     """An append never extends a tally it cannot vouch for: the reader rebuilds it."""
     created(store, tenant)
-    done = store.conversations.writes.append(tenant, "c", Append(chat(1), [1], counter="other"))
+    done = store.conversations.writes.append(
+        tenant, "c", Append(numbered_chat(1), [1], counter="other")
+    )
     assert done.total is None and not done.measured
     assert not store.client.exists(keys.conv_tally(tenant, "c"), keys.conv_tally_info(tenant, "c"))
 
@@ -83,11 +90,11 @@ def test_the_append_measures_when_it_lands_where_viewed(store: Store, tenant: st
     """The same call finds the best record within reach and the tally at it and at the head."""
     msgs = created(store, tenant)
     store.records.put(tenant, "c", SummaryRecord(3, prefix_hash(msgs[:3]), "s"))
-    plan = Append(chat(1, "n"), [9], counter="k", free=True, viewed=4, upto_max=4)
+    plan = Append(numbered_chat(1, "n"), [9], counter="k", free=True, viewed=4, upto_max=4)
     done = store.conversations.writes.append(tenant, "c", plan)
     assert done.measured and done.best is not None and done.best.upto == 3
     assert (done.tokens_upto, done.tokens_head) == (30, 10)
-    late = Append(chat(1, "m"), [9], counter="k", free=True, viewed=4, upto_max=4)
+    late = Append(numbered_chat(1, "m"), [9], counter="k", free=True, viewed=4, upto_max=4)
     assert not store.conversations.writes.append(tenant, "c", late).measured  # landed at 5
 
 
@@ -99,7 +106,7 @@ def test_concurrent_free_appends_all_land_with_a_consistent_tally(
     writes = store.conversations.writes
 
     def write(i: int) -> str | None:
-        plan = Append(chat(2, f"w{i}-"), [i, 1], counter="k", free=True, bound=False)
+        plan = Append(numbered_chat(2, f"w{i}-"), [i, 1], counter="k", free=True, bound=False)
         return writes.append(tenant, "c", plan).refused
 
     assert run_threads(write, 50) == [None] * 50
@@ -115,7 +122,7 @@ def test_replace_writes_the_tally_and_measures(store: Store, tenant: str) -> Non
     """A replace rebuilds the tally in the same step and answers the best record in reach."""
     msgs = created(store, tenant)
     store.records.put(tenant, "c", SummaryRecord(2, prefix_hash(msgs[:2]), "s"))
-    new = [*msgs[:2], *chat(3, "z")]
+    new = [*msgs[:2], *numbered_chat(3, "z")]
     whole = Replacement(
         new, prefix_hashes(new), [1, 2, 3, 4, 5], counter="k", head_end=1, upto_max=4
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from typing import Any
 
@@ -17,8 +16,11 @@ from shared.policy import ContextPolicy
 from shared.strategies import ClearToolResults, DropOldest, Summarize, TruncateToolResults, Work
 from shared.strategies.drop import drop_marker
 from shared.strategies.origins import SYNTHETIC, UNKNOWN
-from tests.shared.generated import tool_call, transcripts
+from tests.builders import tool_turn
+from tests.shared.generated import transcripts
 from tests.shared.invariants import assert_justified, check
+
+pytestmark = pytest.mark.anyio
 
 COUNTER = HeuristicCounter()
 
@@ -72,7 +74,7 @@ def agent(turns: int) -> list[Message]:
     ]
     for i in range(turns):
         results = f"results {i}: " + "r" * 2_500
-        msgs += tool_call("s", "search", f'{{"page": {i}}}', results, "Let me check.")
+        msgs += tool_turn("s", "search", f'{{"page": {i}}}', results, "Let me check.")
         msgs.append({"role": "assistant", "content": "ok"})
         msgs.append({"role": "user", "content": f"and page {i + 1}? " + "u" * 300})
     return msgs
@@ -83,14 +85,16 @@ BUILT_INS = [TruncateToolResults, ClearToolResults, Summarize, DropOldest]
 
 @pytest.mark.parametrize("custom", [DropChitChat, RewriteUsers])
 @pytest.mark.parametrize("window", [3_000, 8_000])
-def test_every_order_of_a_custom_strategy_with_the_built_ins(custom: Any, window: int) -> None:
+async def test_every_order_of_a_custom_strategy_with_the_built_ins(
+    custom: Any, window: int
+) -> None:
     """120 orders of one custom strategy and the four built-ins: never a crash, always valid."""
     msgs = agent(30)
     for order in itertools.permutations([custom, *BUILT_INS]):
         steps = [kind() for kind in order]
         policy = ContextPolicy(window, counter=COUNTER, reserve_output=500, strategies=steps)
         try:
-            out = asyncio.run(policy.prepare(msgs))
+            out = await policy.prepare(msgs)
         except DoesNotFit as e:
             assert_justified(e)
             continue
@@ -120,7 +124,7 @@ def test_origins_are_recovered_by_identity_then_content() -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(transcripts(max_groups=25), st.integers(1_500, 20_000), st.permutations(range(5)))
-def test_generated_transcripts_with_a_custom_strategy_anywhere(
+async def test_generated_transcripts_with_a_custom_strategy_anywhere(
     msgs: list[Message], window: int, order: list[int]
 ) -> None:
     """Generated transcripts (assistant-first ones too), a custom strategy at any position."""
@@ -128,7 +132,7 @@ def test_generated_transcripts_with_a_custom_strategy_anywhere(
     steps = [kinds[i]() for i in order]
     policy = ContextPolicy(window + 1_000, counter=COUNTER, reserve_output=1_000, strategies=steps)
     try:
-        out = asyncio.run(policy.prepare(msgs))
+        out = await policy.prepare(msgs)
     except DoesNotFit as e:
         assert_justified(e)
         return

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
@@ -14,6 +13,8 @@ from shared.policy import ContextPolicy
 from shared.strategies import ClearToolResults, DropOldest, TruncateToolResults, Work
 from shared.strategies.clear import PLACEHOLDER
 from shared.strategies.truncate import cut_text
+
+pytestmark = pytest.mark.anyio
 
 COUNTER = HeuristicCounter()
 
@@ -37,8 +38,8 @@ def work_for(msgs: list[Message], window: int = 4000, keep_recent: int = 3) -> W
     return policy._work(msgs, (), None, None, 1.0, policy.limits(None))
 
 
-def apply(strategy: Any, work: Work) -> Work:
-    asyncio.run(strategy.apply(work))
+async def apply(strategy: Any, work: Work) -> Work:
+    await strategy.apply(work)
     return work
 
 
@@ -51,41 +52,41 @@ def test_cut_text_keeps_start_and_end_and_says_how_much() -> None:
     assert cut_text("short", 1000, 0.7) == "short"
 
 
-def test_truncate_shortens_only_huge_tool_results() -> None:
+async def test_truncate_shortens_only_huge_tool_results() -> None:
     """Tool outputs over max_chars shrink (text parts too); other messages stay identical."""
     msgs = agent(3)
     msgs[3] = {**msgs[3], "content": "x" * 20_000}
     msgs.append({"role": "user", "content": "u" * 20_000})
-    work = apply(TruncateToolResults(max_chars=1000), work_for(msgs))
+    work = await apply(TruncateToolResults(max_chars=1000), work_for(msgs))
     assert len(work.messages[3]["content"]) < 1100
     assert work.messages[-1] is msgs[-1] and work.messages[2] is msgs[2]
     assert work.applied[0]["strategy"] == "TruncateToolResults" and work.applied[0]["messages"] == 1
     assert msgs[3]["content"] == "x" * 20_000  # the caller's transcript is never mutated
 
 
-def test_clear_keeps_calls_and_the_last_results() -> None:
+async def test_clear_keeps_calls_and_the_last_results() -> None:
     """Old outputs become the placeholder; calls, ids and the last keep_last stay."""
     msgs = agent(10)
-    work = apply(ClearToolResults(keep_last=4), work_for(msgs, keep_recent=1))
+    work = await apply(ClearToolResults(keep_last=4), work_for(msgs, keep_recent=1))
     tools = [m for m in work.messages if m["role"] == "tool"]
     assert [m["content"] == PLACEHOLDER for m in tools] == [True] * 6 + [False] * 4
     assert [m["tool_call_id"] for m in tools] == [f"c{i}" for i in range(10)]
     assert work.applied[0]["messages"] == 6 and work.applied[0]["saved"] > 0
 
 
-def test_clear_never_touches_the_protected_tail() -> None:
+async def test_clear_never_touches_the_protected_tail() -> None:
     """Even with keep_last=0, tool results in the recent tail keep their content."""
     msgs = agent(6)
-    work = apply(ClearToolResults(keep_last=0), work_for(msgs, keep_recent=2))
+    work = await apply(ClearToolResults(keep_last=0), work_for(msgs, keep_recent=2))
     assert [m["content"] == PLACEHOLDER for m in work.messages if m["role"] == "tool"] == [
         True
     ] * 4 + [False] * 2
 
 
-def test_drop_oldest_removes_whole_groups_until_target() -> None:
+async def test_drop_oldest_removes_whole_groups_until_target() -> None:
     """Oldest groups go first, with one marker; head and recent tail stay."""
     msgs = agent(30)
-    work = apply(DropOldest(), work_for(msgs, window=3000))
+    work = await apply(DropOldest(), work_for(msgs, window=3000))
     assert work.tokens() <= work.limits.target
     assert work.messages[:2] == msgs[:2] and work.messages[-6:] == msgs[-6:]
     assert "were dropped here" in work.messages[2]["content"]
@@ -94,12 +95,12 @@ def test_drop_oldest_removes_whole_groups_until_target() -> None:
     assert kept_ids == [f"c{i}" for i in range(30 - len(kept_ids), 30)]
 
 
-def test_drop_oldest_keeps_the_latest_user_request() -> None:
+async def test_drop_oldest_keeps_the_latest_user_request() -> None:
     """A follow-up request the agent then worked on for many turns stays, between two
     markers, when groups on both sides of it must go."""
     follow_up = {"role": "user", "content": "now also update the docs"}
     msgs = [*agent(10), follow_up, *agent(20)[2:]]
-    work = apply(DropOldest(), work_for(msgs, window=3000))
+    work = await apply(DropOldest(), work_for(msgs, window=3000))
     assert follow_up in work.messages and work.tokens() <= work.limits.target
     at = work.messages.index(follow_up)
     markers = [p for p, m in enumerate(work.messages) if "were dropped" in str(m["content"])]
@@ -107,11 +108,11 @@ def test_drop_oldest_keeps_the_latest_user_request() -> None:
     assert work.dropped_messages == len(msgs) - len(work.messages) + 2
 
 
-def test_drop_oldest_may_drop_a_huge_latest_request() -> None:
+async def test_drop_oldest_may_drop_a_huge_latest_request() -> None:
     """A latest request larger than a quarter of the target (a pasted log) may go."""
     pasted = {"role": "user", "content": "log " * 2000}
     msgs = [*agent(10), pasted, *agent(20)[2:]]
-    work = apply(DropOldest(), work_for(msgs, window=6000))
+    work = await apply(DropOldest(), work_for(msgs, window=6000))
     assert pasted not in work.messages and work.tokens() <= work.limits.target
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import json
 import math
 from typing import Any
 
@@ -15,17 +13,11 @@ from shared.errors import ConfigError
 from shared.head import head_end
 from shared.messages import Message
 from shared.summaries.extractive import EMPTY, ExtractiveSummarizer
+from tests.builders import tool_call
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared import aider
 
-
-def call(call_id: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(args)},
-    }
-
+pytestmark = pytest.mark.anyio
 
 AGENT_RUN: list[Message] = [
     {
@@ -35,7 +27,7 @@ AGENT_RUN: list[Message] = [
     {
         "role": "assistant",
         "content": "THOUGHT: Let me look at the parser first.\nMore reasoning here.",
-        "tool_calls": [call("c1", "bash", {"command": "cat src/parser/core.py"})],
+        "tool_calls": [tool_call("c1", "bash", {"command": "cat src/parser/core.py"})],
     },
     {
         "role": "tool",
@@ -45,7 +37,7 @@ AGENT_RUN: list[Message] = [
     {
         "role": "assistant",
         "content": None,
-        "tool_calls": [call("c2", "bash", {"command": "pytest tests/test_parser.py -x"})],
+        "tool_calls": [tool_call("c2", "bash", {"command": "pytest tests/test_parser.py -x"})],
     },
     {
         "role": "tool",
@@ -152,9 +144,9 @@ def test_the_persons_first_and_latest_messages_outlast_everything() -> None:
     assert len(section(roomy, "Actions")) < 30
 
 
-def test_completion_accounting() -> None:
+async def test_completion_accounting() -> None:
     """No input tokens, output tokens estimated at 4 characters each, no cost."""
-    done = asyncio.run(ExtractiveSummarizer().summarize(None, AGENT_RUN, max_tokens=500))
+    done = await ExtractiveSummarizer().summarize(None, AGENT_RUN, max_tokens=500)
     assert done.input_tokens == 0
     assert done.output_tokens == math.ceil(len(done.text) / 4)
     assert done.cost == 0.0
@@ -259,7 +251,7 @@ def test_no_false_errors() -> None:
         "<returncode>0</returncode>\n<output>ok</output>",
     ]
     messages: list[Message] = [
-        {"role": "assistant", "content": None, "tool_calls": [call("t", "run", {})]},
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("t", "run", {})]},
         *({"role": "tool", "tool_call_id": "t", "content": out} for out in outputs),
     ]
     assert section(summarize(None, messages), "Errors/open items") == []
@@ -271,7 +263,7 @@ def test_nonzero_return_code_is_an_error() -> None:
         {
             "role": "assistant",
             "content": None,
-            "tool_calls": [call("t", "bash", {"command": "make"})],
+            "tool_calls": [tool_call("t", "bash", {"command": "make"})],
         },
         {
             "role": "tool",
@@ -302,7 +294,7 @@ def test_tool_call_arguments_are_abridged() -> None:
     """Long arguments are cut, each value and the whole call alike."""
     big = {"path": "src/big.py", "content": "x" * 5000}
     messages: list[Message] = [
-        {"role": "assistant", "content": None, "tool_calls": [call("w", "write_file", big)]}
+        {"role": "assistant", "content": None, "tool_calls": [tool_call("w", "write_file", big)]}
     ]
     action = section(summarize(None, messages, max_chars_per_message=120), "Actions")[0]
     assert action.startswith('write_file(path="src/big.py", content="xxx')
@@ -326,7 +318,7 @@ MESSAGE = st.one_of(
         lambda t, a: {
             "role": "assistant",
             "content": None,
-            "tool_calls": [call("h", "tool", {"a": a})],
+            "tool_calls": [tool_call("h", "tool", {"a": a})],
         },
         TEXT,
         TEXT,
