@@ -165,12 +165,9 @@ async def test_async_prepare_waiting_extends_the_read_timeout_by_wait_ms() -> No
     """The async client reads a waiting prepare for `wait_ms` longer too."""
     rec = Recorder(httpx.Response(200, json=PREPARED))
 
-    async def scenario() -> None:
-        transport = httpx.MockTransport(rec)
-        async with AsyncPrefitClient("http://p.test", timeout=1.0, transport=transport) as c:
-            await c.prepare("c1", model="m", wait_ms=2500)
-
-    await scenario()
+    transport = httpx.MockTransport(rec)
+    async with AsyncPrefitClient("http://p.test", timeout=1.0, transport=transport) as c:
+        await c.prepare("c1", model="m", wait_ms=2500)
     assert rec.requests[0].extensions["timeout"]["read"] == 3.5
 
 
@@ -408,16 +405,13 @@ async def test_async_client_has_the_same_behaviour(monkeypatch: pytest.MonkeyPat
         httpx.Response(200, json={"status": "ok"}),
     )
 
-    async def scenario() -> None:
-        async with AsyncPrefitClient("http://prefit.test", transport=httpx.MockTransport(rec)) as c:
-            assert (await c.append("c1", [], model="m")).tokens == 42
-            assert (await c.prepare("c1", model="m")).tokens == 5
-            with pytest.raises(LengthMismatch) as err:
-                await c.append("c1", [], model="m", expected_length=1)
-            assert err.value.actual == 3
-            assert (await c.health()).ok
-
-    await scenario()
+    async with AsyncPrefitClient("http://prefit.test", transport=httpx.MockTransport(rec)) as c:
+        assert (await c.append("c1", [], model="m")).tokens == 42
+        assert (await c.prepare("c1", model="m")).tokens == 5
+        with pytest.raises(LengthMismatch) as err:
+            await c.append("c1", [], model="m", expected_length=1)
+        assert err.value.actual == 3
+        assert (await c.health()).ok
     assert len(waited) == 1
     assert "Authorization" not in rec.requests[0].headers
 
