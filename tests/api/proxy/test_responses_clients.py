@@ -20,8 +20,8 @@ pytestmark = pytest.mark.anyio
 ANSWER = "".join(WORDS)
 
 
-def agent(proxy: Proxy, looked_up: list[str]) -> Agent[Any]:
-    """An agent with one function tool, its model served through prefit."""
+def agent(proxy: Proxy, client: openai.AsyncOpenAI, looked_up: list[str]) -> Agent[Any]:
+    """An agent with one function tool, its model served through prefit by `client`."""
 
     @function_tool
     def lookup_cache(key: str) -> str:
@@ -29,7 +29,6 @@ def agent(proxy: Proxy, looked_up: list[str]) -> Agent[Any]:
         looked_up.append(key)
         return f"{key}: miss"
 
-    client = openai.AsyncOpenAI(base_url=f"{proxy.url}/v1", api_key=proxy.key, max_retries=0)
     model = OpenAIResponsesModel(model=proxy.model, openai_client=client)
     return Agent(name="fixer", instructions="Fix the cache.", model=model, tools=[lookup_cache])
 
@@ -45,17 +44,20 @@ async def test_an_agents_sdk_runner_with_a_function_tool_runs_through_prefit(
     assert prompt_tokens("responses", {"input": history}) > WINDOW
     looked_up: list[str] = []
     proxy.fake.script(Reply(call=("lookup_cache", json.dumps({"key": "users:42"}))))
-    fixer = agent(proxy, looked_up)
-
-    async def run() -> Any:
-        if not streamed:
-            return (await Runner.run(fixer, history)).final_output
-        result = Runner.run_streamed(fixer, history)
-        async for _ in result.stream_events():
-            pass
-        return result.final_output
-
-    assert await run() == ANSWER
+    # closed on this test's event loop: a client left to the garbage collector closes its
+    # connections from whichever test's loop is running then, long after its own has closed
+    async with openai.AsyncOpenAI(
+        base_url=f"{proxy.url}/v1", api_key=proxy.key, max_retries=0
+    ) as client:
+        fixer = agent(proxy, client, looked_up)
+        if streamed:
+            result = Runner.run_streamed(fixer, history)
+            async for _ in result.stream_events():
+                pass
+            answer = result.final_output
+        else:
+            answer = (await Runner.run(fixer, history)).final_output
+    assert answer == ANSWER
     assert looked_up == ["users:42"]
     first, second = proxy.fake.received
     assert (first.status, second.status) == (200, 200)  # no overflow reached the provider
