@@ -551,7 +551,7 @@ class ContextPolicy:
         """
         budget = self.budget(model)
         head, tail = self.regions(transcript)
-        built, record = self.with_best(transcript, book, hashes)
+        built, record = self.with_best(transcript, book, hashes, (head, tail))
         start = record.upto if record is not None else head
         if start >= tail:  # what is left to summarize lies in the protected recent turns
             return None
