@@ -22,7 +22,7 @@ from shared.formats import from_anthropic, to_anthropic
 from shared.head import task_digest
 from shared.messages import Message
 from shared.settings import Settings
-from tests.api.proxy.conftest import Proxy
+from tests.api.proxy.conftest import Proxy, wait_for
 from tests.builders import assistant, user
 from tests.shared import aider, preambles
 
@@ -215,13 +215,20 @@ def test_a_long_claude_code_session_keeps_one_id_and_its_side_requests_get_their
 
 
 def post_chat(proxy: Proxy, messages: list[Message]) -> httpx.Response:
-    """One chat completion through the proxy."""
-    return httpx.post(
+    """One chat completion through the proxy, returned once the proxy has stored its
+    transcript. An agent's next prompt follows the answer, and the sync after the answer is
+    what that prompt's identity reads; sent at once, it raced the sync (on a cold Redis
+    Cluster the sync lost, and the session split)."""
+    r = httpx.post(
         f"{proxy.url}/v1/chat/completions",
         headers={"Authorization": f"Bearer {proxy.key}"},
         json={"model": proxy.model, "messages": messages},
         timeout=30,
     )
+    if r.status_code == 200:
+        conv = r.headers["x-prefit-conversation"]
+        wait_for(lambda: proxy.info(conv).get("length") == len(messages))
+    return r
 
 
 def test_two_concurrent_aider_sessions_are_two_stored_conversations(proxy: Proxy) -> None:
