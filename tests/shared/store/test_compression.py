@@ -1,4 +1,4 @@
-"""Messages stored compressed: both formats read, hashes of the canonical JSON, the dictionary fixed."""
+"""Messages stored compressed: both formats read, chained on their JSON, a fixed dictionary."""
 
 from __future__ import annotations
 
@@ -130,4 +130,3 @@ def test_unreadable_stored_message_fails_the_read(store: Store, tenant: str) -> 
     store.client.rpush(keys.conv_messages(tenant, "c"), b"\x2a" + b"x" * 30)
     with pytest.raises(StoreFormatUnknown):
         store.conversations.read(tenant, "c")
-
