@@ -4,16 +4,13 @@ on a Redis or a RabbitMQ broker."""
 from __future__ import annotations
 
 import json
-import warnings
+import subprocess
+import sys
 from types import SimpleNamespace
 
-import pytest
 import structlog
 from celery.app.utils import find_app
-from celery.exceptions import CPendingDeprecationWarning
-from celery.worker.consumer.consumer import CANCEL_TASKS_BY_DEFAULT
 
-from shared.logs import configure_logging
 from shared.service.broker import celery_options
 from shared.service.jobs import TASK_NAME
 from shared.settings import Settings
@@ -21,7 +18,6 @@ from worker.app import (
     celery_config,
     check_consumer_timeout,
     make_app,
-    quiet_celery_warnings,
     restore_interval,
 )
 
@@ -126,22 +122,31 @@ def test_a_worker_on_an_old_rabbitmq_warns_that_the_consumer_timeout_is_ignored(
         assert all("consumer_timeout = 600000" in e["note"] for e in events)
 
 
-def test_after_celerys_log_set_up_warnings_are_one_json_line_and_deprecations_none(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+QUIETED_CHECK = """
+import warnings
+from celery.exceptions import CPendingDeprecationWarning
+from celery.worker.consumer.consumer import CANCEL_TASKS_BY_DEFAULT
+from shared.logs import configure_logging
+from shared.settings import Settings
+from worker.app import make_app, quiet_celery_warnings
+
+configure_logging(json=True)
+make_app(Settings()).log.setup(loglevel="INFO")  # what the command-line worker does
+quiet_celery_warnings()
+warnings.warn(CPendingDeprecationWarning(CANCEL_TASKS_BY_DEFAULT), stacklevel=1)
+warnings.warn("first line\\nsecond line", UserWarning, stacklevel=1)
+"""
+
+
+def test_after_celerys_log_set_up_warnings_are_one_json_line_and_deprecations_none() -> None:
     """Celery's set-up captures warnings into multi-line records and wants its deprecations
     always; once the worker is ready its reconnect deprecation is gone and any other warning
-    is one `python.warned` line."""
-    app = make_app(Settings())
-    with warnings.catch_warnings():
-        configure_logging(json=True)
-        app.log.setup(loglevel="INFO")  # what the command-line worker does
-        quiet_celery_warnings()
-        capsys.readouterr()
-        warnings.warn(CPendingDeprecationWarning(CANCEL_TASKS_BY_DEFAULT), stacklevel=1)
-        warnings.warn("first line\nsecond line", UserWarning, stacklevel=1)
-    lines = capsys.readouterr().err.strip().splitlines()
-    [line] = lines
+    is one `python.warned` line (in a process of its own: the set-up is process-wide)."""
+    run = subprocess.run(
+        [sys.executable, "-c", QUIETED_CHECK], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    [line] = run.stderr.strip().splitlines()
     record = json.loads(line)
     assert (record["event"], record["category"], record["text"]) == (
         "python.warned",
