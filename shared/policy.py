@@ -34,6 +34,7 @@ from shared.strategies import (
     Work,
 )
 from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
+from shared.strategies.summarize import INDEX_SHARE
 from shared.strategies.work import SizeMemo, measure
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.incremental import plan_cut, summary_message
@@ -109,9 +110,9 @@ class ContextPolicy:
       False: the head is the leading system/developer messages only;
     - precompute_at: from (trigger - precompute_at) x budget on, `state` says "nearing"
       and `plan_summary` plans records ahead of the trigger (0.1; within [0, trigger));
-    - keep_tokens_ratio, chunk_tokens, max_summary_tokens: the default Summarize step's
-      settings (0.4, 24000, 1200: see `Summarize`). `plan_summary` cuts with the
-      `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
+    - keep_tokens_ratio, chunk_tokens, max_summary_tokens, index_share: the default
+      Summarize step's settings (0.4, 24000, 1200, 0.1: see `Summarize`). `plan_summary`
+      cuts with the `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
     - remembered: how many conversations' validated transcripts and measurements `prepare`
       remembers (64; see its `conversation`).
     """
@@ -134,6 +135,7 @@ class ContextPolicy:
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
         remembered: int = 64,
+        index_share: float = INDEX_SHARE,
     ) -> None:
         _check(max_input_tokens, reserve_output, trigger, target, keep_recent, precompute_at)
         self.max_input_tokens = max_input_tokens
@@ -156,6 +158,7 @@ class ContextPolicy:
             keep_tokens_ratio=keep_tokens_ratio,
             chunk_tokens=chunk_tokens,
             max_summary_tokens=max_summary_tokens,
+            index_share=index_share,
         )
         self.strategies: list[Strategy] = (
             list(strategies)
