@@ -29,6 +29,7 @@ runs at every point). Shares are over all (point, artifact) pairs. Counts are ti
 o200k_base when ../shared/tiktoken holds it, else the heuristic.
 
     uv run python -m bench.artifacts [--windows 8192,16384,32768] [--points 12] [--files N]
+        [--index-share 0.1]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from shared.errors import DoesNotFit
 from shared.head import handed_over
 from shared.messages import Message, groups, text_of
 from shared.policy import ContextPolicy
+from shared.strategies.summarize import INDEX_SHARE
 from shared.summaries.book import SummaryBook
 from shared.summaries.extractive import ExtractiveSummarizer
 from shared.summaries.incremental import build_record
@@ -130,10 +132,11 @@ class Replay:
     window: int
     counter: MessageCounter
     points: int
+    index_share: float = INDEX_SHARE
     tallies: dict[str, Tally] = field(default_factory=dict)
 
     def run(self, loop: asyncio.AbstractEventLoop) -> None:
-        ahead = ContextPolicy(self.window, counter=self.counter)
+        ahead = ContextPolicy(self.window, counter=self.counter, index_share=self.index_share)
         bare = ContextPolicy(self.window, counter=self.counter)
         budget = ahead.budget(None)
         book = SummaryBook()
@@ -293,7 +296,9 @@ def _files(limit: int | None) -> Iterator[list[Message]]:
             yield msgs
 
 
-def run(windows: Iterable[int], points: int, limit: int | None) -> dict[int, dict[str, Tally]]:
+def run(
+    windows: Iterable[int], points: int, limit: int | None, index_share: float = INDEX_SHARE
+) -> dict[int, dict[str, Tally]]:
     """The tallies per window, over the transcripts."""
     counter: MessageCounter = (
         TiktokenCounter(directory=TIKTOKEN_DIR)
@@ -306,7 +311,7 @@ def run(windows: Iterable[int], points: int, limit: int | None) -> dict[int, dic
     for window in windows:
         totals: dict[str, Tally] = {}
         for msgs in transcripts:
-            replay = Replay(msgs, window, counter, points)
+            replay = Replay(msgs, window, counter, points, index_share)
             replay.run(loop)
             for name, t in replay.tallies.items():
                 total = totals.setdefault(name, Tally())
@@ -344,10 +349,11 @@ def main() -> None:
     parser.add_argument("--windows", default=",".join(map(str, WINDOWS)))
     parser.add_argument("--points", type=int, default=12)
     parser.add_argument("--files", type=int, default=None)
+    parser.add_argument("--index-share", type=float, default=INDEX_SHARE)
     args = parser.parse_args()
     windows = [int(w) for w in args.windows.split(",")]
     start = time.perf_counter()
-    results = run(windows, args.points, args.files)
+    results = run(windows, args.points, args.files, args.index_share)
     print(table(results))
     print(f"\n{time.perf_counter() - start:.0f} s")
 

@@ -563,14 +563,46 @@ class ContextPolicy:
             return None
         growth = max(0, int(self.trigger * budget) - tokens)
         keep = max(0, int(self.summarize_params.keep_tokens_ratio * budget) - growth)
+        room = max(0, self._keep_tokens(built[:head], budget, tools, model) - growth)
         cut = plan_cut(
             transcript, start=start, tail_start=tail, counter=self.counter, model=model,
-            keep_tokens=keep,
+            keep_tokens=room,
         )  # fmt: skip
+        if room < keep and not self._worth(transcript[start:cut], record, budget, model):
+            cut = plan_cut(
+                transcript, start=start, tail_start=tail, counter=self.counter, model=model,
+                keep_tokens=keep,
+            )  # fmt: skip
         if cut <= start:
             return None
         cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
         return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
+
+    def _keep_tokens(
+        self, head: Sequence[Message], budget: int, tools: Sequence[ToolSpec], model: str | None
+    ) -> int:
+        """The tail a new record leaves: `keep_tokens_ratio x budget`, less when the head and
+        the largest summary would not leave that much under the target (a small window with
+        a long system prompt: otherwise each record lands near the trigger, and the prompts
+        after it are served stale)."""
+        params = self.summarize_params
+        summary = params.summary_tokens(budget) + params.index_tokens(budget)
+        room = int(self.target * budget) - self.counter.count(head, tools, model) - summary
+        return max(0, min(int(params.keep_tokens_ratio * budget), room))
+
+    def _worth(
+        self,
+        span: Sequence[Message],
+        record: SummaryRecord | None,
+        budget: int,
+        model: str | None,
+    ) -> bool:
+        """Whether folding `span` into `record` saves more than the summary could grow by
+        (else a large head with a small rest would be summarized into no smaller a prompt)."""
+        params = self.summarize_params
+        largest = params.summary_tokens(budget) + params.index_tokens(budget)
+        grows = largest - (record.tokens if record is not None else 0)
+        return sum(self.counter.count_message(m, model) for m in span) >= grows
 
     def summary_due(self, transcript: Sequence[Message], **plan: Any) -> bool:
         """Whether the workers could write a better record now: `plan_summary(transcript,
