@@ -68,7 +68,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any
 
 import orjson
 from fastapi import Response
@@ -264,8 +264,6 @@ class Compacted:
 
 class CompactRelay(Relay):
     """One `POST /v1/responses/compact`, answered by prefit (module docstring)."""
-
-    endpoint: ClassVar[str | None] = "/responses/compact"
 
     async def run(self) -> Response:
         if server_state(self.body) is not None:

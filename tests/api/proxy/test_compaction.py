@@ -133,8 +133,8 @@ async def test_a_summary_made_ahead_answers_the_compaction_and_the_next_turns_ex
         assert all(item.get("type") != "compaction" for item in sent)
         assert any(t.startswith(SUMMARY) for t in texts(sent)) and TASK in texts(sent)
         assert sent[-1] == history[-1]
-        length = len(from_responses(INSTRUCTIONS, sent))  # sent whole: under the trigger
-        wait_for(lambda: proxy.info(conv).get("length") == length)  # synced: replaced
+        synced = len(from_responses(INSTRUCTIONS, sent))  # sent whole: under the trigger
+        wait_for(lambda n=synced: proxy.info(conv).get("length") == n)  # replaced
         history += [
             {"role": "assistant", "content": f"step {k} done"},
             {"role": "user", "content": f"go on {k}"},
@@ -199,10 +199,8 @@ async def test_an_item_whose_record_is_gone_is_dropped_and_the_session_goes_on(
         next(i["encrypted_content"] for i in output if i.get("type") == "compaction"),
     )
     assert isinstance(sealed, Sealed) and sealed.conversation == conv
-    r = httpx.delete(
-        f"{proxy.url}/v1/conversations/{conv}",
-        headers={"Authorization": f"Bearer {proxy.key}"},
-    )
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {proxy.key}"}) as http:
+        r = await http.delete(f"{proxy.url}/v1/conversations/{conv}")
     assert r.status_code in (200, 204)
     proxy.store.client.delete(keys.directory(proxy.tenant, sealed.prefix_hash))
     r = turn(proxy, [*output, {"role": "user", "content": "continue"}])
@@ -213,9 +211,7 @@ async def test_an_item_whose_record_is_gone_is_dropped_and_the_session_goes_on(
 
 
 @pytest.fixture
-def openai_like(
-    redis_url: str, tenant: str, model: str, recorder: Recorder
-) -> Iterator[Proxy]:
+def openai_like(redis_url: str, tenant: str, model: str, recorder: Recorder) -> Iterator[Proxy]:
     """prefit in front of an upstream that knows compaction items (OpenAI)."""
     with serving(redis_url, tenant, model, FakeProvider(limit_tokens=20_000), recorder) as p:
         yield p
