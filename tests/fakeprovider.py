@@ -521,8 +521,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fake OpenAI + Anthropic provider")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8901)
+    parser.add_argument(
+        "--no-compaction", action="store_true", help="no /v1/responses/compact (vLLM, Ollama)"
+    )
     args = parser.parse_args(argv)
-    fake = FakeProvider(record=False)
+    fake = FakeProvider(record=False, compaction=not args.no_compaction)
     uvicorn.run(fake.app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 
