@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: SecretStr | None = None
+    # the key sealing the compaction items prefit answers /v1/responses/compact with
+    # (api/proxy/compaction.py); unset, one derived from the keys above and PREFIT_API_KEYS
+    compaction_secret: SecretStr | None = None
     # opt-in: forward each client's own provider key (see docs/api.md, "Provider keys")
     proxy_forward_client_keys: bool = False
     upstream_connect_timeout_s: float = 5.0
