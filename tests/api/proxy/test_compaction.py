@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -267,3 +268,58 @@ async def test_the_agents_sdk_compaction_session_compacts_through_prefit(proxy: 
     assert any(t.startswith(SUMMARY) for t in texts(sent)) and TASK in texts(sent)
     assert [r.path for r in proxy.fake.received] == ["/v1/responses", "/v1/responses"]
     assert proxy.info(conv)
+
+
+def codex_compaction_turn(proxy: Proxy, items: list[dict[str, Any]]) -> httpx.Response:
+    """Codex's compaction turn (compact_remote_v2.rs): its history and a trigger, streamed."""
+    body = {
+        "model": proxy.model,
+        "instructions": INSTRUCTIONS,
+        "input": [*items, {"type": "compaction_trigger"}],
+        "stream": True,
+        "store": False,
+    }
+    headers = {"Authorization": f"Bearer {proxy.key}"}
+    return httpx.post(f"{proxy.url}/v1/responses", json=body, headers=headers, timeout=30)
+
+
+def streamed_items(r: httpx.Response) -> list[dict[str, Any]]:
+    """The items of the `response.output_item.done` events of a streamed answer."""
+    out = []
+    for block in r.text.split("\n\n"):
+        data = [line[6:] for line in block.splitlines() if line.startswith("data: ")]
+        if data:
+            event = json.loads(data[0])
+            if event["type"] == "response.output_item.done":
+                out.append(event["item"])
+    assert '"type":"response.completed"' in r.text.replace(" ", "")
+    return out
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+async def test_codex_compaction_turn_is_answered_with_one_item_that_carries_the_rest(
+    proxy: Proxy, ahead: bool
+) -> None:
+    """A `POST /v1/responses` whose input ends in `compaction_trigger` (current Codex) never
+    goes upstream: its stream holds exactly one compaction item. Codex keeps the user
+    messages and that item; the next turn gets, in its place, the summary (when one was made
+    ahead) and every other item prefit kept, so the recent tool output is still there."""
+    items = codex_session(60)
+    if ahead:
+        await summarized(proxy, items)
+    before = len(proxy.fake.received)
+    r = codex_compaction_turn(proxy, items)
+    assert r.status_code == 200 and r.headers[HEADER] == ("summary" if ahead else "cheap")
+    output = streamed_items(r)
+    assert [i["type"] for i in output] == ["compaction"]
+    assert len(proxy.fake.received) == before
+    kept = [i for i in items if i.get("role") == "user"]  # what Codex retains
+    history = [*kept, output[0], {"role": "user", "content": "continue"}]
+    r = turn(proxy, history)
+    assert r.status_code == 200 and r.headers[HEADER] == "expanded"
+    sent = proxy.fake.received[-1].body["input"]
+    assert {i.get("type") for i in sent}.isdisjoint({"compaction", "compaction_trigger"})
+    assert TASK in texts(sent) and sent[-1] == history[-1]
+    assert any(t.startswith(SUMMARY) for t in texts(sent)) == ahead
+    last_output = next(i for i in reversed(items) if "output" in i)
+    assert any(i.get("call_id") == last_output["call_id"] for i in sent)
