@@ -33,6 +33,15 @@ record, or the tenant's for a prefix of it). Then:
   model call (`x-prefit-compaction: cheap` or `unchanged` under the trigger), and the summary
   job is asked for as the stored prepare asks for it, so the next compaction finds it.
 
+Codex 0.171 compacts in a turn of its own instead (codex-rs/core/src/compact_remote_v2.rs): a
+streamed `POST /v1/responses` whose `input` ends in `{"type": "compaction_trigger"}`, answered
+by a response with exactly one output item, the compaction item; it then keeps only its user
+messages and that item. The Responses relay hands such a turn here (`triggered`), and the
+item carries, sealed with the reference, every other item prefit keeps: those after the
+record, or with no record the cheap fit's after the head. The answer is streamed as OpenAI
+streams a response (`response.created` ... `response.output_item.done`,
+`response.completed`), or its JSON when not streamed.
+
 `usage` is all zeros: no model was called, nothing was billed; what was saved is in
 `x-prefit-tokens-before` / `-after`. A compaction that continues server-side state
 (`previous_response_id`, `conversation`) holds no transcript prefit could read: it goes to the
@@ -42,20 +51,21 @@ the transcript instead with `compaction_mode="input"` (or `store=False`).
 Expansion (`expand`, from the Responses relay, before anything is read or fitted): each item of
 `input` whose `type` is `compaction` and whose `encrypted_content` carries prefit's mark is
 verified and replaced by the summary message the record stands for (`[Summary of messages a to
-b ...]` and its text), so the provider never sees it. It is a `developer` message: context
-from the harness, not the person's words, so the head still finds the task before it (a user
-message right after the task would make the task read as a preamble, and the conversation's
-derived id change at every compaction). Any other compaction item (OpenAI's own)
-is carried byte for byte, as every item prefit does not know is. An item with prefit's mark
-that does not verify for the caller's tenant is refused (400, naming the item): it was altered,
-made for another tenant, or sealed with a secret since rotated. A verified item whose record is
-gone (the retention passed, or Redis lost it) is dropped and the rest of the input goes on, the
-head and the recent items the client kept (`x-prefit-compaction: expired`): the session
-continues with its task, without the summary, rather than failing every later turn. A
-request carrying a verified item belongs to the conversation it was made for, unless it
-names one itself (`X-Prefit-Conversation`): once compacted, its first follow-up request is
-in the summary, and the tenant's memory of openings (shared/store/openings.py) would take the
-transcript for another conversation opening with the same task.
+b ...]` and its text) and the items it carries, so the provider never sees it. The summary is a
+`developer` message: context from the harness, not the person's words, so the head still finds
+the task before it (a user message right after the task would make the task read as a preamble,
+and the conversation's derived id change at every compaction). Any other compaction item
+(OpenAI's own) is carried byte for byte, as every item prefit does not know is. An item with
+prefit's mark that does not verify for the caller's tenant is refused (400, naming the item):
+it was altered, made for another tenant, or sealed with a secret since rotated. A verified item
+whose record is gone (the retention passed, or Redis lost it) loses its summary (the items it
+carries still come back) and the rest of the input goes on, the head and the recent items the
+client kept (`x-prefit-compaction: expired`): the session continues with its task, without the
+summary, rather than failing every later turn. A request carrying a verified item belongs to
+the conversation it was made for, unless it names one itself (`X-Prefit-Conversation`): once
+compacted, its first follow-up request is in the summary, and the tenant's memory of openings
+(shared/store/openings.py) would take the transcript for another conversation opening with the
+same task.
 """
 
 from __future__ import annotations
