@@ -28,10 +28,11 @@ record, or the tenant's for a prefix of it). Then:
   expanded. The record is also referred to from the tenant's directory under the compaction
   (`compacted-<conversation>`), so it outlives the stored transcript being replaced by the
   compacted one (the directory keeps it for the retention);
-- no record covers it: the answer is the transcript as prefit fits it now, the cheap
-  strategies (truncated and cleared tool outputs, dropped turns with their markers), never a
-  model call (`x-prefit-compaction: cheap` or `unchanged` under the trigger), and the summary
-  job is asked for as the stored prepare asks for it, so the next compaction finds it.
+- no record covers it: the answer is the transcript as prefit fits it, the cheap strategies
+  (truncated and cleared tool outputs, dropped turns with their markers), never a model call
+  (`x-prefit-compaction: cheap`), and the summary job is asked for as the stored prepare asks
+  for it, so the next compaction finds it. Under the trigger it is fitted as if the window were
+  the transcript's own size (`_forced`); `unchanged` when nothing can be shortened.
 
 Codex 0.171 compacts in a turn of its own instead (codex-rs/core/src/compact_remote_v2.rs): a
 streamed `POST /v1/responses` whose `input` ends in `{"type": "compaction_trigger"}`, answered
@@ -89,7 +90,7 @@ from api.codec import dumps
 from api.deps import Services
 from api.proxy.identity import HEADER as CONVERSATION
 from api.proxy.relay import Fit, Relay
-from shared.errors import InvalidRequest
+from shared.errors import DoesNotFit, InvalidRequest
 from shared.formats.responses import to_responses
 from shared.logs import get_logger
 from shared.settings import Settings
@@ -422,13 +423,32 @@ class CompactRelay(Relay):
                 item = self._item(Sealed(self._conv(), record.prefix_hash, record.upto, head))
                 output = [*to_responses(loaded.messages[:head]), item, *rest]
                 return Compacted(output, "summary", tokens, record)
+        fit = await self._forced(fit)
         how = "cheap" if fit.report.get("changed") else "unchanged"
-        tokens = int(fit.report["tokens_after"])
+        tokens = round(float(fit.report["tokens_after"]) * float(fit.report["pressure"]))
         if self.trigger:  # one item all the same, carrying what the fit kept but the head
             head = int(fit.report["head"]["end"])
             kept = _others(to_responses(fit.messages[head:]))
             return Compacted([self._item(Sealed(self._conv(), "", 0, head, kept))], how, tokens)
         return Compacted(to_responses(fit.messages), how, tokens)
+
+    async def _forced(self, fit: Fit) -> Fit:
+        """`fit`, or when it sends the transcript whole (under the trigger) the fit as if
+        the window were the transcript's own size: a client compacts because the history
+        is too long for it, and gets it smaller (the cheap strategies to the target of that
+        window), not back as it sent it. The pressure puts the transcript midway between
+        the trigger and the budget, so the strategies run and the last resort does not."""
+        fitter = self.fitter
+        if fit.report.get("changed") or fitter is None:
+            return fit
+        before, budget = int(fit.report["tokens_before"]), int(fit.report["budget"])
+        pressure = 2 * before / (budget + int(fit.report["trigger_tokens"]))
+        if not 0.0 < pressure < 1.0:
+            return fit
+        try:
+            return await fitter.at(pressure)
+        except DoesNotFit:
+            return fit
 
     def _conv(self) -> str:
         assert self.conv_id is not None
