@@ -91,6 +91,10 @@ class StoreUnavailable(PrefitError):
     """Redis (store or broker) cannot be reached right now."""
 
 
+class StoreFormatUnknown(StoreUnavailable):
+    """A stored message is in a format this version cannot read (a newer prefit wrote it)."""
+
+
 class ServiceUnavailable(PrefitError):
     """The prefit service itself cannot be reached (client side)."""
 

@@ -38,6 +38,7 @@ from shared.logs import get_logger
 from shared.store import keys
 from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
 from shared.store.client import Client, eval_in, guarded, guarded_once, text, ttl_ms
+from shared.store.compression import unpack
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
@@ -144,7 +145,7 @@ class Claims:
         blocked = text(raw_blocked) if raw_blocked else None
         if not raw_meta:
             return Claim(held, book=book, ratio=ratio, blocked=blocked, breaker=breaker)
-        messages = [json.loads(m) for m in raw_messages]
+        messages = [json.loads(unpack(m)) for m in raw_messages]
         chain = (EMPTY, *(text(h) for h in raw_hashes))
         fields = dict(zip(raw_meta[::2], raw_meta[1::2], strict=True))
         meta = meta_of(conv_id, fields, len(messages))

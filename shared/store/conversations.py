@@ -33,6 +33,7 @@ from shared.hashing import EMPTY, prefix_hashes
 from shared.messages import Message
 from shared.store import keys, scripts
 from shared.store.client import Client, guarded, guarded_read, text
+from shared.store.compression import unpack
 from shared.store.directory import Directory
 from shared.store.writes import Append, Replacement, Writes, conv_keys
 
@@ -114,7 +115,7 @@ class ConversationStore:
         exists, raw = pipe.execute()
         if not exists:
             raise NotFound(f"conversation {conv_id!r} not found")
-        return [json.loads(m) for m in raw]
+        return [json.loads(unpack(m)) for m in raw]
 
     @guarded_read
     def snapshot(self, tenant: str, conv_id: str) -> Conversation:
@@ -124,7 +125,7 @@ class ConversationStore:
         pipe.lrange(keys.conv_messages(tenant, conv_id), 0, -1)
         pipe.lrange(keys.conv_hashes(tenant, conv_id), 0, -1)
         meta, raw, hashes = pipe.execute()
-        messages = [json.loads(m) for m in raw]
+        messages = [json.loads(unpack(m)) for m in raw]
         chain = (EMPTY, *(text(h) for h in hashes))
         return Conversation(messages, chain, meta_of(conv_id, meta, len(messages)))
 

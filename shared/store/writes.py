@@ -35,6 +35,7 @@ from shared.hashing import EMPTY, canonical, digest_of
 from shared.messages import Message
 from shared.store import keys, scripts
 from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.compression import pack
 from shared.store.directory import Directory
 from shared.summaries.book import SummaryRecord
 
@@ -129,7 +130,7 @@ class Writes:
             _opt(a.viewed),
             EMPTY,
             len(encoded),
-            *encoded,
+            *map(pack, encoded),
             *digests,
             *counts,
         ]
@@ -176,7 +177,7 @@ class Writes:
             _opt(r.upto_max),
             r.hashes[-1],
             len(encoded),
-            *encoded,
+            *map(pack, encoded),
             *r.hashes[1:],
             *cumulative,
         ]
