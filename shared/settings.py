@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     redis_socket_timeout_s: float = 2.0
     redis_connect_timeout_s: float = 1.0
     dead_letters_max: int = Field(default=1000, ge=1)  # dead letters kept per tenant
+    # replicas that must have a write before it is acknowledged; None: 1 where the primary
+    # has a healthy replica, else none (shared/store/replication.py, docs/scaling.md)
+    redis_min_replicas_ack: int | None = Field(default=None, ge=0)
     redis_max_connections: int = 512
     # a job's lease on its conversation, renewed every ttl/3 while it runs: a worker that dies
     # mid-job gives it up (and the reaper sends the job again) within this (docs/scaling.md)

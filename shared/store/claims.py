@@ -131,10 +131,12 @@ class Claims:
             Breakers.read_in(pipe, provider)
         if ticket is not None:
             InFlight.register_in(pipe, ticket, ttl)
+        acks = self._records.replication.wait_in(pipe, ks[0])  # last: the replies keep their places
         replies = pipe.execute()
         reply = replies[0]
         if not reply[0]:
             return Claim(None, holder=text(reply[1]) if reply[1] is not None else None)
+        self._records.replication.check(acks, replies[-1])  # the lease expires if not
         held = HeldLease(
             self._leases, tenant, conv_id, owner, ttl, valid_until=started + ttl, ticket=ticket
         )
@@ -181,7 +183,10 @@ class Claims:
         pipe = self._r.pipeline(transaction=False)
         eval_in(pipe, ADD, usage_keys, usage)
         eval_in(pipe, PUT, ks, args)
-        return pipe.execute()[1]
+        acks = self._records.replication.wait_in(pipe, ks[0])
+        replies = pipe.execute()
+        self._records.replication.check(acks, replies[-1])
+        return replies[1]
 
     def release(self, held: HeldLease, *, read: bool = True) -> ConversationMeta | None:
         """Release `held` (and its job's in-flight entry), then read its conversation's

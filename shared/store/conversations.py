@@ -35,6 +35,7 @@ from shared.store import keys, scripts
 from shared.store.client import Client, guarded, guarded_read, text
 from shared.store.compression import unpack
 from shared.store.directory import Directory
+from shared.store.replication import Replication
 from shared.store.writes import Append, Replacement, Writes, conv_keys
 
 
@@ -63,11 +64,18 @@ class ConversationStore:
     """Conversations of every tenant, on one Redis client."""
 
     def __init__(
-        self, client: Client, *, retention_s: float, clock: Callable[[], float] = time.time
+        self,
+        client: Client,
+        *,
+        retention_s: float,
+        clock: Callable[[], float] = time.time,
+        replication: Replication | None = None,
     ) -> None:
         self._r = client
         self._directory = Directory(client, retention_s=retention_s)
-        self.writes = Writes(client, self._directory, retention_s=retention_s, clock=clock)
+        self.writes = Writes(
+            client, self._directory, retention_s=retention_s, clock=clock, replication=replication
+        )
         self._delete = client.register_script(scripts.DELETE)
 
     def append(
