@@ -56,6 +56,7 @@ from fastapi.responses import StreamingResponse
 from api.cache import EMPTY_LOADED, Loaded
 from api.codec import dumps, loads
 from api.conversations import Conversations, Sizes
+from api.deadline import upstream_wait
 from api.deps import Services
 from api.enqueue import Reservation
 from api.policies import Window, resolve_window
@@ -428,9 +429,10 @@ class Relay:
             body = self._body(fit)
             started = time.perf_counter()
             try:
-                upstream = await self.svc.upstream_clients.send(
-                    self.dialect.name, self._upstream_headers(), body, self.endpoint
-                )
+                async with upstream_wait():  # the provider's time, not prefit's deadline
+                    upstream = await self.svc.upstream_clients.send(
+                        self.dialect.name, self._upstream_headers(), body, self.endpoint
+                    )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
             finally:
@@ -439,15 +441,21 @@ class Relay:
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
                 opened = OpenedStream(upstream)
-                overflow = await self._stream_overflow(opened)
+                async with upstream_wait():
+                    overflow = await self._stream_overflow(opened)
                 retried = await self._after(fit, overflow)
                 if retried is None:
                     return self._streamed(upstream, fit, opened)
                 await upstream.aclose()
                 fit = retried
                 continue
-            content = await upstream.aread()
-            await upstream.aclose()
+            try:
+                async with upstream_wait():
+                    content = await upstream.aread()
+            except httpx.TransportError as exc:  # it broke off (or paused too long) mid-answer
+                return self._unreachable(exc, fit)
+            finally:
+                await upstream.aclose()
             if self._refused_usage(upstream.status_code, content):
                 continue
             answer = _json(content)
@@ -732,13 +740,14 @@ class CountRelay(Relay):
     async def run(self) -> Response:
         fit = await self._first_fit()
         try:
-            upstream = await self.svc.upstream_clients.request(
-                self.dialect.name,
-                "POST",
-                self.count_path,
-                self._upstream_headers(),
-                self._body(fit),
-            )
+            async with upstream_wait():
+                upstream = await self.svc.upstream_clients.request(
+                    self.dialect.name,
+                    "POST",
+                    self.count_path,
+                    self._upstream_headers(),
+                    self._body(fit),
+                )
         except httpx.TransportError as exc:
             return self._unreachable(exc, fit)
         self.rec.upstream_status = upstream.status_code
