@@ -30,6 +30,7 @@ from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
 from api.proxy import routes as proxy_routes
+from api.proxy.services import ProxyServices
 from api.requestlog import RequestLogger
 from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
@@ -64,6 +65,7 @@ def create_app(
     """
     chosen = settings if settings is not None else get_settings()
     services = Services.build(chosen, store=store, enqueue=enqueue)
+    proxy = ProxyServices.build(chosen)
     owns_store = store is None
 
     @asynccontextmanager
@@ -93,12 +95,14 @@ def create_app(
             yield
         finally:
             await services.aclose()
+            await proxy.aclose()
             services.close(close_store=owns_store)
 
     # /docs and /redoc with Swagger UI's and ReDoc's files served by the app itself (under
     # /static-offline-docs), not from a CDN: the docs work on a host without internet
     app = FastAPIOffline(title="prefit", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.services = services
+    app.state.proxy = proxy
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(proxy_routes.router)

@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     retention_s: int = 7 * 24 * 3600
     redis_socket_timeout_s: float = 2.0
     redis_connect_timeout_s: float = 1.0
-    dead_letters_max: int = 1000
+    dead_letters_max: int = Field(default=1000, ge=1)  # dead letters kept per tenant
     redis_max_connections: int = 512
     # a job's lease on its conversation, renewed every ttl/3 while it runs: a worker that dies
     # mid-job gives it up (and the reaper sends the job again) within this (docs/scaling.md)
