@@ -200,6 +200,19 @@ def test_the_proxy_spreads_requests_over_every_api_replica() -> None:
     assert re.search(r"location = /metrics \{ return 404; \}", conf)
 
 
+def test_the_front_closes_connections_that_do_not_finish_a_request_as_the_api_does() -> None:
+    """nginx's header, body and idle timeouts are the API server's defaults
+    (api/connections.py), not nginx's own minute or more."""
+    conf = " ".join(re.sub(r"#.*", "", NGINX.read_text()).split())
+    defaults = Settings()
+    for directive, seconds in (
+        ("client_header_timeout", defaults.server_header_timeout_s),
+        ("client_body_timeout", defaults.server_body_timeout_s),
+        ("keepalive_timeout", defaults.server_idle_timeout_s),
+    ):
+        assert f"{directive} {seconds:g}s;" in conf, directive
+
+
 def test_every_operator_setting_is_passed_through_and_unset_by_default() -> None:
     """Each setting of shared/settings.py reaches api and worker (or is listed in NOT_PASSED
     with a reason); unset in the shell, it stays unset (the app's default), set, it passes."""
