@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: SecretStr | None = None
+    # Gemini API (api/proxy/dialects/gemini.py): its root, without a version (paths carry it)
+    gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    gemini_api_key: SecretStr | None = None
     # opt-in: forward each client's own provider key (see docs/api.md, "Provider keys")
     proxy_forward_client_keys: bool = False
     upstream_connect_timeout_s: float = 5.0

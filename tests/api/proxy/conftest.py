@@ -100,7 +100,7 @@ def fake() -> FakeProvider:
 def proxy_settings(
     redis_url: str, model: str, tenant: str, fake_url: str, **extra: Any
 ) -> Settings:
-    """The test's settings, with both upstreams pointing at the fake provider."""
+    """The test's settings, with every upstream pointing at the fake provider."""
     return make_settings(
         redis_url,
         model,
@@ -109,6 +109,8 @@ def proxy_settings(
         openai_api_key="sk-upstream-openai",
         anthropic_base_url=fake_url,
         anthropic_api_key="sk-upstream-anthropic",
+        gemini_base_url=fake_url,
+        gemini_api_key="upstream-gemini-key",
         **extra,
     )
 
