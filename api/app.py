@@ -7,8 +7,8 @@ app itself refuses (403) requests that arrive on any other address, start-up fai
 `PREFIT_HOST` is not loopback, and `requires_loopback(settings)` tells the CLI.
 
 Middleware, outermost first: the request logger (sees every answer), the open-mode guard,
-the request deadline (api/deadline.py), the body-size limit, `HEAD` served as `GET`
-(api/head.py).
+the key before the body (api/auth.py, `KeyFirst`), the request deadline (api/deadline.py),
+the body-size limit, `HEAD` served as `GET` (api/head.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, routes
-from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, LoopbackOnly, is_loopback
+from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, KeyFirst, LoopbackOnly, is_loopback
 from api.deadline import RequestDeadline
-from api.deps import Services
+from api.deps import Services, get_tenant
 from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
@@ -110,6 +110,9 @@ def create_app(
     app.add_middleware(HeadAsGet)  # innermost: the others see the request's own method
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
     app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
+    app.add_middleware(
+        KeyFirst, keyring=services.keyring, routes=routes.router.routes, needs_tenant=get_tenant
+    )
     if requires_loopback(chosen):
         app.add_middleware(LoopbackOnly)
     app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s

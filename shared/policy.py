@@ -34,7 +34,8 @@ from shared.strategies import (
     Work,
 )
 from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
-from shared.strategies.work import SizeMemo, measure
+from shared.strategies.summarize import INDEX_SHARE
+from shared.strategies.work import SizeMemo, check_pressure, measure
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.incremental import plan_cut, summary_message
 from shared.summaries.llm import LLMClient
@@ -109,9 +110,9 @@ class ContextPolicy:
       False: the head is the leading system/developer messages only;
     - precompute_at: from (trigger - precompute_at) x budget on, `state` says "nearing"
       and `plan_summary` plans records ahead of the trigger (0.1; within [0, trigger));
-    - keep_tokens_ratio, chunk_tokens, max_summary_tokens: the default Summarize step's
-      settings (0.4, 24000, 1200: see `Summarize`). `plan_summary` cuts with the
-      `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
+    - keep_tokens_ratio, chunk_tokens, max_summary_tokens, index_share: the default
+      Summarize step's settings (0.4, 24000, 1200, 0.1: see `Summarize`). `plan_summary`
+      cuts with the `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
     - remembered: how many conversations' validated transcripts and measurements `prepare`
       remembers (64; see its `conversation`).
     """
@@ -134,6 +135,7 @@ class ContextPolicy:
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
         remembered: int = 64,
+        index_share: float = INDEX_SHARE,
     ) -> None:
         _check(max_input_tokens, reserve_output, trigger, target, keep_recent, precompute_at)
         self.max_input_tokens = max_input_tokens
@@ -156,6 +158,7 @@ class ContextPolicy:
             keep_tokens_ratio=keep_tokens_ratio,
             chunk_tokens=chunk_tokens,
             max_summary_tokens=max_summary_tokens,
+            index_share=index_share,
         )
         self.strategies: list[Strategy] = (
             list(strategies)
@@ -294,9 +297,10 @@ class ContextPolicy:
         - book: the conversation's known summaries, reused by content hash; the records this
           call writes are added to it (and returned in `Prepared.new_summaries`);
         - pressure: < 1 assumes the real size is 1/pressure times our estimate, which forces
-          deeper cuts (within (0, 1]). It is used to retry after the provider itself reported
-          an overflow that our estimate missed: strategies stop as soon as the estimate fits,
-          so re-running them unchanged would just produce the same request;
+          deeper cuts (within [`MIN_PRESSURE`, 1]: 0.001). It is used to retry after the
+          provider itself reported an overflow that our estimate missed: strategies stop as
+          soon as the estimate fits, so re-running them unchanged would just produce the same
+          request;
         - hashes: the transcript's `prefix_hashes` when the caller already has them (a store
           keeps them), to avoid hashing it again;
         - conversation: names it for the policy's memory of what it validated and measured (a
@@ -306,8 +310,7 @@ class ContextPolicy:
           change (a store's snapshots), so the messages it shares, as objects, with the
           frozen transcript prepared last need not be compared again (`ValidatedPrefixes`).
         """
-        if not 0.0 < pressure <= 1.0:
-            raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
+        check_pressure(pressure)
         measured = self._measured(transcript, tools, model, pressure, conversation, frozen)
         messages, short, sizes, before = measured
         limits = self.limits(model)
@@ -423,6 +426,7 @@ class ContextPolicy:
           default `summary_due` on this transcript and book;
         - summaries: False skips the `Summarize` steps.
         """
+        check_pressure(pressure)
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
         work.due = due or partial(
@@ -560,14 +564,46 @@ class ContextPolicy:
             return None
         growth = max(0, int(self.trigger * budget) - tokens)
         keep = max(0, int(self.summarize_params.keep_tokens_ratio * budget) - growth)
+        room = max(0, self._keep_tokens(built[:head], budget, tools, model) - growth)
         cut = plan_cut(
             transcript, start=start, tail_start=tail, counter=self.counter, model=model,
-            keep_tokens=keep,
+            keep_tokens=room,
         )  # fmt: skip
+        if room < keep and not self._worth(transcript[start:cut], record, budget, model):
+            cut = plan_cut(
+                transcript, start=start, tail_start=tail, counter=self.counter, model=model,
+                keep_tokens=keep,
+            )  # fmt: skip
         if cut <= start:
             return None
         cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
         return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
+
+    def _keep_tokens(
+        self, head: Sequence[Message], budget: int, tools: Sequence[ToolSpec], model: str | None
+    ) -> int:
+        """The tail a new record leaves: `keep_tokens_ratio x budget`, less when the head and
+        the largest summary would not leave that much under the target (a small window with
+        a long system prompt: otherwise each record lands near the trigger, and the prompts
+        after it are served stale)."""
+        params = self.summarize_params
+        summary = params.summary_tokens(budget) + params.index_tokens(budget)
+        room = int(self.target * budget) - self.counter.count(head, tools, model) - summary
+        return max(0, min(int(params.keep_tokens_ratio * budget), room))
+
+    def _worth(
+        self,
+        span: Sequence[Message],
+        record: SummaryRecord | None,
+        budget: int,
+        model: str | None,
+    ) -> bool:
+        """Whether folding `span` into `record` saves more than the summary could grow by
+        (else a large head with a small rest would be summarized into no smaller a prompt)."""
+        params = self.summarize_params
+        largest = params.summary_tokens(budget) + params.index_tokens(budget)
+        grows = largest - (record.tokens if record is not None else 0)
+        return sum(self.counter.count_message(m, model) for m in span) >= grows
 
     def summary_due(self, transcript: Sequence[Message], **plan: Any) -> bool:
         """Whether the workers could write a better record now: `plan_summary(transcript,

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     precompute_at: float = 0.1  # start summarizing at (trigger - precompute_at) x budget
     chunk_tokens: int = 24000
     max_summary_tokens: int = 1200
+    index_share: float = Field(default=0.1, ge=0.0, le=0.5)  # the artifact index's share
     keep_tokens_ratio: float = 0.4
 
     # store
@@ -105,6 +106,12 @@ class Settings(BaseSettings):
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0
     request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this
+    # the API server's connections (api/connections.py): a request's headers complete within
+    # this of the connection's start or its last answer; at most this between two reads of a
+    # body; a keep-alive connection idle this long is closed (uvicorn's --timeout-keep-alive)
+    server_header_timeout_s: float = Field(default=10.0, gt=0)
+    server_body_timeout_s: float = Field(default=30.0, gt=0)
+    server_idle_timeout_s: int = Field(default=5, gt=0)
     allow_open: bool = False  # open mode (no API keys) on a non-loopback address
     metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
     # several API processes on one port: prometheus_client's own variable names the directory

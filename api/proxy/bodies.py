@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from api.codec import loads
+from api.codec import STRICT, loads
 
 # what a kept body holds per byte of it: the bytes and its parsed messages (orjson objects:
 # 1.5-1.65x the JSON, measured with tracemalloc on a 1.9 MB body), with room to spare
@@ -23,7 +22,7 @@ WEIGHT = 3
 KEY_BYTES = 512  # of a body's beginning (model, opening messages): which earlier one it may resend
 MIN_BODY = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth keeping
 _STEP = 1 << 16
-_DECODER = json.JSONDecoder()
+_DECODER = STRICT  # a resent body's new messages: refused as `loads` refuses them
 _WHITESPACE = frozenset(" \t\n\r")
 
 

@@ -188,11 +188,28 @@ async def not_served_here(request: Request) -> Response:
 async def unknown(request: Request, rest: str) -> Response:
     """Any other route: a 404 in the caller's API's shape saying what prefit serves (a route
     that exists for other methods is still a 405, but to a Gemini call, which is none)."""
-    routes = request.app.router.routes
-    if not gemini(request) and any(r.matches(request.scope)[0] == Match.PARTIAL for r in routes):
-        raise HTTPException(405)
+    routes = _flat(request.app.router.routes)
+    allowed = {
+        m for r in routes if r.matches(request.scope)[0] == Match.PARTIAL for m in _methods(r)
+    }
+    if allowed and not gemini(request):
+        allowed |= {"HEAD"} if "GET" in allowed else set()  # api/head.py serves it
+        raise HTTPException(405, headers={"Allow": ", ".join(sorted(allowed))})
     found = proxy_services(request)
     return unknown_route(request, found.openai, found.anthropic)
+
+
+def _methods(route: Any) -> set[str]:
+    return set(getattr(route, "methods", None) or ())
+
+
+def _flat(routes: list[Any]) -> list[Any]:
+    """Every route, those of included routers too (FastAPI keeps a router included whole)."""
+    out: list[Any] = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(_flat(inner.routes) if inner is not None else [route])
+    return out
 
 
 async def proxy(
