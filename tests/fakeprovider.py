@@ -44,6 +44,28 @@ _COUNTER = HeuristicCounter()
 
 
 @dataclass(frozen=True)
+class Pace:
+    """How long the fake takes, as a provider does: `headers` seconds before an answer's
+    headers (a whole unstreamed answer, or a stream's first event: the time to the first
+    token), then `events` seconds before each further event of a stream, or `pauses[n]`
+    before event n (a long pause mid-stream: a tool call being written, a thinking block)."""
+
+    headers: float = 0.0
+    events: float = 0.0
+    pauses: Mapping[int, float] = field(default_factory=dict)
+
+    def before(self, n: int) -> float:
+        """The pause before event `n` of a stream (the first, 0, waits `headers` instead)."""
+        return self.pauses.get(n, self.events) if n else 0.0
+
+
+AT_ONCE = Pace()
+# the proxy tests' default: small but nonzero, so every test goes through a provider that
+# takes time (a few tests use real multi-second paces), and the suite stays fast
+QUICK = Pace(headers=0.03, events=0.003)
+
+
+@dataclass(frozen=True)
 class Reply:
     """One scripted answer: an error of the request's protocol unless `status` is 2xx;
     `overflow` makes it a context-length error with figures (`limit` its maximum)."""
@@ -90,14 +112,14 @@ class FakeProvider:
         limit_tokens: int | None = None,
         scale: float = 1.0,
         words: Sequence[str] = WORDS,
-        event_delay: float = 0.0,
+        pace: Pace = QUICK,
         record: bool = True,
         compaction: bool = True,
     ) -> None:
         self.limit_tokens = limit_tokens
         self.scale = scale
         self.words = tuple(words)
-        self.event_delay = event_delay
+        self.pace = pace
         self.record = record
         # False: an upstream without OpenAI's compaction (vLLM, Ollama, a gateway): no
         # /v1/responses/compact route (a plain 404) and a `compaction` input item refused
@@ -105,7 +127,7 @@ class FakeProvider:
         # a streamed Responses request over the window is refused inside a 200 stream, by a
         # `response.failed` event (recorded as a 400), as OpenAI may do
         self.overflow_in_stream = False
-        self.cancelled = 0  # streams whose client went away before the end
+        self.cancelled = 0  # answers whose client went away before the end
         self._received: list[Received] = []
         self._script: list[Reply] = []
         self._lock = threading.Lock()
@@ -154,6 +176,8 @@ class FakeProvider:
         with self._lock:
             reply = self._script.pop(0) if self._script else None
         self._note(protocol, request, body, reply.status if reply is not None else 200)
+        if not await self._think(request):
+            return Response(status_code=499)
         if reply is not None and reply.status >= 300:
             payload = _error(protocol, reply, 0)
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
@@ -232,6 +256,8 @@ class FakeProvider:
             reply = _unknown_items(body)
         status = reply.status if reply is not None else 200
         self._note(protocol, request, body, status)
+        if not await self._think(request):
+            return Response(status_code=499)  # nobody is listening any more
         in_stream = protocol == "responses" and body.get("stream") is True
         if self.overflow_in_stream and in_stream and reply is not None and reply.overflow:
             failed = _responses_failed(body, _error(protocol, reply, tokens)["error"])
@@ -263,12 +289,30 @@ class FakeProvider:
     async def _gemini(self, request: Request) -> Response:
         return await self.gemini.handle(request)
 
+    async def _think(self, request: Request) -> bool:
+        """Wait `pace.headers` before answering, as a provider computes; False (counted in
+        `cancelled`) when the client goes away meanwhile: its request body is read, so the
+        next thing the server hears from it is its disconnect."""
+        wait = self.pace.headers
+        if wait <= 0:
+            return True
+        try:
+            async with asyncio.timeout(wait):
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+        except TimeoutError:
+            return True
+        with self._lock:
+            self.cancelled += 1
+        return False
+
     async def _paced(self, events: list[dict[str, Any] | str]) -> AsyncIterator[bytes]:
         done = False
         try:
-            for event in events:
-                if self.event_delay:
-                    await asyncio.sleep(self.event_delay)
+            for n, event in enumerate(events):
+                wait = self.pace.before(n)
+                if wait:
+                    await asyncio.sleep(wait)
                 yield _sse(event)
             done = True
         finally:
@@ -642,7 +686,8 @@ class FakeGemini:
     the API refuses (`gemini_fault`, 400), a prompt over `limit_tokens` (400: "The input
     token count (N) exceeds the maximum number of tokens allowed (M).", as
     google-gemini/gemini-cli#4118 and #6678 show it); a scripted `Reply` with `call` answers
-    with a function call carrying a thought signature (`gemini_signature`), after a thought."""
+    with a function call carrying a thought signature (`gemini_signature`), after a thought.
+    It takes the fake's `pace`, as the other protocols do."""
 
     def __init__(self, fake: FakeProvider) -> None:
         self.fake = fake
@@ -654,6 +699,8 @@ class FakeGemini:
         with fake._lock:
             reply = fake._script.pop(0) if fake._script else None
         tokens = gemini_tokens(body, fake.scale)
+        if not await fake._think(request):  # the client went away while it "computed"
+            return Response(status_code=499)
         error = self._refused(request, model, verb, body, tokens, reply)
         fake._note("gemini", request, body, error[0] if error else 200)
         if error is not None:
@@ -728,9 +775,10 @@ class FakeGemini:
         ]
 
     async def _sent(self, chunks: list[str]) -> AsyncIterator[bytes]:
-        for chunk in chunks:  # as Google's front end frames them
-            if self.fake.event_delay:
-                await asyncio.sleep(self.fake.event_delay)
+        for n, chunk in enumerate(chunks):  # as Google's front end frames them
+            wait = self.fake.pace.before(n)
+            if wait:
+                await asyncio.sleep(wait)
             yield f"data: {chunk}\r\n\r\n".encode()
 
 
@@ -738,11 +786,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fake OpenAI + Anthropic provider")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8901)
+    parser.add_argument("--headers-s", type=float, default=0.0, help="seconds before headers")
+    parser.add_argument("--events-s", type=float, default=0.0, help="seconds between events")
     parser.add_argument(
         "--no-compaction", action="store_true", help="no /v1/responses/compact (vLLM, Ollama)"
     )
     args = parser.parse_args(argv)
-    fake = FakeProvider(record=False, compaction=not args.no_compaction)
+    pace = Pace(args.headers_s, args.events_s)
+    fake = FakeProvider(record=False, pace=pace, compaction=not args.no_compaction)
     uvicorn.run(fake.app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
 from api.codec import dumps
+from api.deadline import upstream_wait
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.proxy.compaction import CompactRelay
@@ -310,9 +311,10 @@ async def forward(request: Request, dialect: Dialect, path: str) -> Response:
         headers.pop("content-type")
     query = f"?{request.url.query}" if request.url.query else ""
     try:
-        answer = await proxy_services(request).clients.request(
-            dialect.upstream, request.method, path + query, headers, body
-        )
+        async with upstream_wait():  # the provider's time, not prefit's deadline
+            answer = await proxy_services(request).clients.request(
+                dialect.upstream, request.method, path + query, headers, body
+            )
     except httpx.TransportError as exc:
         status, message = upstream_failure(exc, dialect.name, rec)
         return Response(
