@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from shared.store import Store, Ticket
 from shared.store.breaker import provider_id, provider_label
 from shared.summaries.extractive import ExtractiveSummarizer
 from shared.summaries.summarizers import LLMSummarizer, Summarizer
+from worker.metrics import WorkerMetrics
 from worker.reaper import Reaper
 
 T = TypeVar("T")
@@ -67,6 +68,7 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._failures: Failures | None = None
         self._reaper: Reaper | None = None
+        self.metrics = WorkerMetrics()
         # the breaker guards the configured provider only (a summarizer given here has none)
         self.provider = provider_id(settings) if summarizer is None else None
 
@@ -142,6 +144,16 @@ class Runtime:
             provider=self.provider,
         )
         return asyncio.run_coroutine_threadsafe(_with_context(coro, {}), self._running())
+
+    def poke_loop(self, callback: Callable[[], None]) -> None:
+        """Have the process's loop call `callback` soon (the watchdog's probe); with no loop
+        running yet, nothing can be stuck on it: `callback` is called now."""
+        with self._lock:
+            loop = self._loop
+        if loop is None:
+            callback()
+        else:
+            loop.call_soon_threadsafe(callback)
 
     def close(self) -> None:
         """Stop the reaper, close the summarizer's HTTP client, stop the loop, close the store."""
