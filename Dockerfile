@@ -90,4 +90,6 @@ COPY --from=builder /app/.venv /app/.venv
 # that is intended (a private network); the healthcheck's loopback requests always pass.
 ENV PREFIT_HOST=0.0.0.0
 EXPOSE 8000
-CMD ["uvicorn", "api.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log"]
+# `prefit api` is uvicorn with prefit's log config: its start lines are JSON like the rest,
+# and its protocol closes connections that do not finish a request (api/connections.py).
+CMD ["prefit", "api", "--host", "0.0.0.0", "--port", "8000"]

@@ -7,8 +7,8 @@ app itself refuses (403) requests that arrive on any other address, start-up fai
 `PREFIT_HOST` is not loopback, and `requires_loopback(settings)` tells the CLI.
 
 Middleware, outermost first: the request logger (sees every answer), the open-mode guard,
-the request deadline (api/deadline.py), the body-size limit, `HEAD` served as `GET`
-(api/head.py).
+the key before the body (api/auth.py, `KeyFirst`), the request deadline (api/deadline.py),
+the body-size limit, `HEAD` served as `GET` (api/head.py).
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from api import errors, routes
-from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, LoopbackOnly, is_loopback
+from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, KeyFirst, LoopbackOnly, is_loopback
 from api.deadline import RequestDeadline
-from api.deps import Services
+from api.deps import Services, get_tenant
 from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
 from api.proxy import routes as proxy_routes
+from api.proxy.services import ProxyServices
 from api.requestlog import RequestLogger
 from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
@@ -64,6 +65,7 @@ def create_app(
     """
     chosen = settings if settings is not None else get_settings()
     services = Services.build(chosen, store=store, enqueue=enqueue)
+    proxy = ProxyServices.build(chosen)
     owns_store = store is None
 
     @asynccontextmanager
@@ -93,12 +95,14 @@ def create_app(
             yield
         finally:
             await services.aclose()
+            await proxy.aclose()
             services.close(close_store=owns_store)
 
     # /docs and /redoc with Swagger UI's and ReDoc's files served by the app itself (under
     # /static-offline-docs), not from a CDN: the docs work on a host without internet
     app = FastAPIOffline(title="prefit", version="1", description=DESCRIPTION, lifespan=lifespan)
     app.state.services = services
+    app.state.proxy = proxy
     errors.install(app)
     app.include_router(routes.router)
     app.include_router(proxy_routes.router)
@@ -106,6 +110,9 @@ def create_app(
     app.add_middleware(HeadAsGet)  # innermost: the others see the request's own method
     app.add_middleware(BodyLimit, max_bytes=chosen.max_body_bytes)
     app.add_middleware(RequestDeadline, seconds=chosen.request_deadline_s)
+    app.add_middleware(
+        KeyFirst, keyring=services.keyring, routes=routes.router.routes, needs_tenant=get_tenant
+    )
     if requires_loopback(chosen):
         app.add_middleware(LoopbackOnly)
     app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s

@@ -10,6 +10,12 @@ on a non-loopback local address (ASGI `scope["server"]`: the address of the sock
 connection came in on, whatever the bind), unless the operator opted in with
 `PREFIT_ALLOW_OPEN=true`. A local address that is not an IP (a Unix socket, an in-process
 client) counts as loopback; an unknown one does not.
+
+Key before body (`KeyFirst`): every route of the explicit API that needs a tenant (its
+handler depends on `get_tenant`, whatever the route) is answered 401 from the headers alone,
+before a byte of its body is read or parsed: the same 401 for any body, a truncated or a
+90 MB one included, and an unauthenticated client costs the service no memory. (The
+proxy's routes authenticate first by themselves, with the provider's headers and errors.)
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import SecretStr
+from starlette.datastructures import Headers
 from starlette.requests import Request
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.errors import error_response
@@ -165,3 +173,50 @@ class LoopbackOnly:
         address = (scope.get("server") or ("an unknown address",))[0]
         refused = Forbidden(OPEN_MODE_REFUSAL.format(address=address))
         await error_response(refused)(scope, receive, send)
+
+
+class KeyFirst:
+    """Refuse (401) a request to a route that needs a tenant when its key names none, from
+    its headers, before its body is read (module docstring)."""
+
+    def __init__(
+        self, app: ASGIApp, keyring: KeyRing, routes: list[BaseRoute], needs_tenant: Any
+    ) -> None:
+        self.app = app
+        self.keyring = keyring
+        self.routes = routes  # the explicit API's (api/routes.py)
+        self.needs_tenant = needs_tenant  # the dependency that makes a route need a key
+        self._guarded: list[BaseRoute] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.keyring.open or not self._guards(scope):
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        try:
+            self.keyring.tenant_for(headers.get("authorization"))
+        except Unauthorized as exc:
+            request_log(Request(scope)).error = Unauthorized.__name__
+            response = error_response(exc)
+            if "content-length" in headers or "transfer-encoding" in headers:
+                response.headers["connection"] = "close"  # its body is never read
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _guards(self, scope: Scope) -> bool:
+        """Whether `scope`'s path is one of a route that needs a tenant (any method)."""
+        if self._guarded is None:
+            self._guarded = [r for r in self.routes if _depends_on(r, self.needs_tenant)]
+        return any(r.matches(scope)[0] != Match.NONE for r in self._guarded)
+
+
+def _depends_on(route: BaseRoute, call: Any) -> bool:
+    """Whether `route` (a FastAPI route) has `call` among its dependencies, however deep."""
+    stack = list(getattr(getattr(route, "dependant", None), "dependencies", ()))
+    while stack:
+        dependant = stack.pop()
+        if dependant.call is call:
+            return True
+        stack.extend(dependant.dependencies)
+    return False

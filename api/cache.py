@@ -142,7 +142,7 @@ class ConversationCache:
         if not inc.raw and known.length == inc.length:
             loaded = known
         else:
-            loaded = known.extended([loads(r) for r in inc.raw], inc.raw, inc.hashes)
+            loaded = known.extended([loads(r, strict=False) for r in inc.raw], inc.raw, inc.hashes)
             self._put(tenant, conv_id, loaded)
         with self._lock:
             if (tenant, conv_id) in self._entries:

@@ -3,43 +3,146 @@
 Shared by the proxy (its request and answer bodies), the conversation cache (stored
 messages) and the prepare payloads. A proxied request carries the whole conversation (half
 a megabyte at 128k tokens) and is read, and often written again, on every turn: orjson
-does both several times faster than the stdlib. It refuses NaN (the stdlib reads it) and
-reads an integer past 64 bits as a float, which would change that field when the body is
-written again: a request whose fields outside the transcript hold such a number is read
-again by the stdlib. (Inside the messages numbers are block indices and the like, far from
-64 bits.) A body that resends an earlier one's messages (an agent's, every turn) is parsed
-only from where it differs from it (`ResentBodies`).
+does both several times faster than the stdlib. It reads an integer past 64 bits as a
+float, which would change that field when the body is written again: a request whose
+fields outside the transcript hold such a number is read again by the stdlib. (Inside the
+messages numbers are block indices and the like, far from 64 bits.) A body that resends an
+earlier one's messages (an agent's, every turn) is parsed only from where it differs from
+it (api/proxy/bodies.py, with `STRICT`, the decoder `loads` falls back on).
+
+Strict JSON in (RFC 8259): `NaN`, `Infinity`, a number too large for a double (`1e400`)
+and an integer of more than `MAX_INT_DIGITS` digits are refused (`NotStrictJSON`, naming
+where in the body: `messages[3].content[0].weight`), on the explicit API and the proxy
+alike, so nothing stored or forwarded holds what strict parsers reject (and no integer is
+big enough to cost quadratic time to read). Strict JSON out follows: what comes in is
+what is served.
 """
 
 from __future__ import annotations
 
-import bisect
-import dataclasses
 import json
-import threading
-from collections import OrderedDict
+import math
+import re
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
 
 _BIG = float(2**63)
 _TRANSCRIPT = frozenset({"messages", "system"})
+# past 128 bits (39 digits) a number is neither an id nor a count; reading a 5,000-digit
+# one costs quadratic time, and the stdlib refuses 4,300 digits with a bare ValueError
+MAX_INT_DIGITS = 40
+# where an integer past the bound may be (a C search, ~1 ms for 2 MB); the stdlib then says
+_LONG_DIGITS = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
 
 
-def loads(raw: bytes) -> Any:
-    """The JSON value of `raw` (`ValueError` if it is not JSON)."""
+class NotStrictJSON(ValueError):
+    """A JSON number strict parsers reject (NaN, Infinity, out of range), and where it is."""
+
+    def __init__(self, what: str, where: str) -> None:
+        self.what = what
+        self.where = where
+        super().__init__(f"{what} at {where}")
+
+
+@dataclass(frozen=True)
+class _Rejected:
+    """Stands for a rejected number while the body is walked for where it is."""
+
+    what: str
+
+
+class _Refused(ValueError):
+    """A rejected number met by the strict decoder (its place is found afterwards)."""
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _Refused(name)
+
+
+def _strict_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise _Refused(text)
+    return int(text)
+
+
+def _strict_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Refused(text)
+    return value
+
+
+def _marked_int(text: str) -> Any:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        return _Rejected(f"an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _marked_float(text: str) -> Any:
+    value = float(text)
+    return value if math.isfinite(value) else _Rejected(f"{text[:20]} (out of a double's range)")
+
+
+def _marked_constant(name: str) -> Any:
+    return _Rejected(f"{name} (JSON has no NaN or Infinity)")
+
+
+STRICT = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_int=_strict_int, parse_float=_strict_float
+)
+_MARKED = json.JSONDecoder(
+    parse_constant=_marked_constant, parse_int=_marked_int, parse_float=_marked_float
+)
+
+
+def _strict_stdlib(raw: bytes | str) -> Any:
+    """`raw` parsed by the stdlib, strictly (`NotStrictJSON` naming where)."""
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    try:
+        return STRICT.decode(text)
+    except _Refused:
+        pass
+    except RecursionError:  # orjson stops at 1,024 levels, the stdlib at the stack
+        raise ValueError("it is nested too deeply (over 1,024 levels)") from None
+    raise _located(_MARKED.decode(text))
+
+
+def _located(value: Any) -> NotStrictJSON:
+    """The first rejected number in `value` (document order), with its JSON path."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, _Rejected):
+            return NotStrictJSON(item.what, path or "the top level")
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(item))))
+    return NotStrictJSON("a number strict JSON refuses", "an unknown place")
+
+
+def loads(raw: bytes | str, *, strict: bool = True) -> Any:
+    """The JSON value of `raw` (`ValueError` if it is not JSON; `NotStrictJSON`, a
+    `ValueError`, for what strict JSON refuses). `strict=False` reads what was stored
+    before the rule (NaN as the stdlib reads it)."""
     try:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        try:
-            return json.loads(raw)  # raises ValueError for what is not JSON at all
-        except RecursionError:  # orjson stops at 1,024 levels, the stdlib at the stack
-            raise ValueError("nested too deeply (over 1,024 levels)") from None
+        if not strict:
+            return json.loads(raw)
+        return _strict_stdlib(raw)  # raises ValueError for what is not JSON at all
+    if strict and _LONG_DIGITS.search(raw if isinstance(raw, bytes) else raw.encode()):
+        return _strict_stdlib(raw)  # orjson read it as a double; maybe only a string's digits
     if isinstance(value, dict) and any(
         _has_big(v) for k, v in value.items() if k not in _TRANSCRIPT
     ):
-        return json.loads(raw)
+        return _strict_stdlib(raw) if strict else json.loads(raw)
     return value
 
 
@@ -65,206 +168,25 @@ def _has_big(value: Any) -> bool:
     return False
 
 
-# --- bodies resent with what an earlier one held -------------------------------------------
-
-# what a kept body holds per byte of it: the bytes and its parsed messages (orjson objects:
-# 1.5-1.65x the JSON, measured with tracemalloc on a 1.9 MB body), with room to spare
-WEIGHT = 3
-KEY_BYTES = 512  # of a body's beginning (model, opening messages): which earlier one it may resend
-MIN_BODY = 64 * 1024  # smaller bodies parse in well under a millisecond: not worth keeping
-_STEP = 1 << 16
-_DECODER = json.JSONDecoder()
-_WHITESPACE = frozenset(" \t\n\r")
+# --- the explicit API's bodies ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Known:
-    """A body parsed before: its bytes, its top-level fields before `messages`, its messages,
-    and where each message ends in the bytes."""
+class StrictRequest(Request):
+    """A request whose JSON body is read by `loads`: strict, and orjson's speed."""
 
-    raw: bytes
-    before: dict[str, Any]
-    messages: list[Any]
-    ends: list[int]
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = loads(await self.body())
+        return self._json
 
 
-class ResentBodies:
-    """Parses a request body that resends an earlier one's messages from where it differs.
+class StrictRoute(APIRoute):
+    """A route whose body is parsed by `StrictRequest` (FastAPI's own reader takes NaN)."""
 
-    Agents resend the whole conversation every turn (2 MB at 512k tokens), as the same bytes
-    up to its last turn or two. The bodies parsed last are kept per tenant and opening, with
-    where each message ends in their bytes; a new body is compared with them byte for byte
-    (memcmp, stops at the first difference), and only what follows the last whole message
-    they share is parsed: the earlier messages are the earlier body's own objects, equal by
-    the bytes they were parsed from. A body that is not JSON, or differs before its first
-    message, is parsed whole (`loads`); its message ends are found after the answer
-    (`remember`, on the threadpool), so the next turn is parsed from its new messages.
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
 
-    Bounded by bodies and by memory (`max_bytes`, each body weighed `WEIGHT` times its
-    length: its bytes and its parsed objects); one tenant holds at most `tenant_share` of
-    it, its own oldest bodies going first, so that it cannot push the others out.
-    """
+        async def strict(request: Request) -> Response:
+            return await handler(StrictRequest(request.scope, request.receive))
 
-    def __init__(
-        self,
-        max_bodies: int = 256,
-        max_bytes: int = 256 * 1024 * 1024,
-        tenant_share: float = 0.5,
-    ) -> None:
-        self.max_bodies = max_bodies
-        self.max_bytes = max_bytes
-        self.tenant_share = tenant_share
-        self._known: OrderedDict[tuple[str, bytes], _Known] = OrderedDict()
-        self._bytes = 0
-        self._by_tenant: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def loads(self, tenant: str, raw: bytes) -> tuple[Any, bool]:
-        """The JSON value of `raw` (as `loads`), and whether `remember` should learn it."""
-        if len(raw) < MIN_BODY:
-            return loads(raw), False
-        key = (tenant, raw[:KEY_BYTES])
-        with self._lock:
-            known = self._known.get(key)
-        if known is not None:
-            value = _resent(known, raw)
-            if value is not None:
-                self._keep(key, value[1])
-                return value[0], False
-        return loads(raw), True
-
-    def remember(self, tenant: str, raw: bytes, value: Any) -> None:
-        """Learn where `raw`'s messages end, for the bodies that will resend them (sync);
-        `value` is what `loads` made of `raw`, to check the scan against."""
-        known = _scanned(raw, value)
-        if known is not None:
-            self._keep((tenant, raw[:KEY_BYTES]), known)
-
-    def adopt(self, tenant: str, raw: bytes, messages: list[Any]) -> None:
-        """Keep `messages`, equal by content to those parsed from `raw` (the stored
-        conversation's own objects, `ConversationCache.shared`), in their place: the next
-        body then hands the store its own objects back, compared by identity."""
-        key = (tenant, raw[:KEY_BYTES])
-        with self._lock:
-            known = self._known.get(key)
-        if known is not None and known.raw is raw and len(known.messages) == len(messages):
-            self._keep(key, dataclasses.replace(known, messages=list(messages)))
-
-    def _keep(self, key: tuple[str, bytes], known: _Known) -> None:
-        tenant = key[0]
-        with self._lock:
-            old = self._known.pop(key, None)
-            if old is not None:
-                self._weigh(tenant, -len(old.raw))
-            if len(known.raw) * WEIGHT > self.max_bytes * self.tenant_share:
-                return
-            self._known[key] = known
-            self._weigh(tenant, len(known.raw))
-            while self._by_tenant[tenant] > self.max_bytes * self.tenant_share:
-                self._drop(next(k for k in self._known if k[0] == tenant))
-            while len(self._known) > self.max_bodies or self._bytes > self.max_bytes:
-                self._drop(next(iter(self._known)))
-
-    def _drop(self, key: tuple[str, bytes]) -> None:
-        self._weigh(key[0], -len(self._known.pop(key).raw))
-
-    def _weigh(self, tenant: str, length: int) -> None:
-        self._bytes += length * WEIGHT
-        held = self._by_tenant.get(tenant, 0) + length * WEIGHT
-        if held:
-            self._by_tenant[tenant] = held
-        else:
-            self._by_tenant.pop(tenant, None)
-
-
-def _common(a: bytes, b: bytes) -> int:
-    """The length of the bytes `a` and `b` begin with alike (memcmp by 64 kB, then halving)."""
-    n, lo = min(len(a), len(b)), 0
-    while lo + _STEP <= n and a[lo : lo + _STEP] == b[lo : lo + _STEP]:
-        lo += _STEP
-    hi = min(n, lo + _STEP)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def _resent(known: _Known, raw: bytes) -> tuple[dict[str, Any], _Known] | None:
-    """`raw`'s value when it begins with whole messages of `known` (None: parse it whole)."""
-    k = bisect.bisect_right(known.ends, _common(known.raw, raw))
-    if k == 0:
-        return None
-    start = known.ends[k - 1]  # past a message inside the top-level `messages`, as in `raw`
-    try:
-        tail = _scanned_from(raw[start:].decode(), 0, start)
-    except (ValueError, IndexError, RecursionError):  # not JSON: `loads` says precisely why
-        return None
-    if tail is None:
-        return None
-    messages, ends, after = tail
-    value = {**known.before, "messages": [*known.messages[:k], *messages], **after}
-    return value, _Known(raw, known.before, value["messages"], [*known.ends[:k], *ends])
-
-
-def _scanned(raw: bytes, value: Any) -> _Known | None:
-    """`raw` parsed message by message, with where each ends; None unless it is a JSON object
-    whose `messages` is a non-empty list of objects and the scan gives `value`, what `loads`
-    made of it."""
-    try:
-        text = raw.decode()
-        at = text.index('"messages"')
-        bracket = _skip(text, text.index(":", at) + 1)
-        if text[bracket] != "[":
-            return None
-        before = _DECODER.decode(text[:at].rstrip().rstrip(",") + "}")
-        found = _scanned_from(text, bracket + 1, 0, first=True)
-    except (ValueError, IndexError, RecursionError):
-        return None
-    if found is None or not found[0] or not isinstance(before, dict):
-        return None
-    messages, ends, after = found
-    if {**before, "messages": messages, **after} != value:  # `"messages"` inside a string
-        return None
-    return _Known(raw, before, messages, ends)
-
-
-def _scanned_from(
-    text: str, at: int, base: int, *, first: bool = False
-) -> tuple[list[Any], list[int], dict[str, Any]] | None:
-    """The messages from `at` in `text` (the body's text from its byte `base`): just past a
-    message, or past the list's `[` when `first`; with the byte offset past each, and the
-    top-level fields after the list."""
-    ascii = text.isascii()
-    messages: list[Any] = []
-    ends: list[int] = []
-    i, chars, size = at, at, base + (at if ascii else len(text[:at].encode()))
-    while True:
-        i = _skip(text, i)
-        if text[i] == "]":
-            break
-        if messages or not first:
-            if text[i] != ",":
-                raise ValueError("expected ',' between messages")
-            i = _skip(text, i + 1)
-        value, i = _DECODER.raw_decode(text, i)
-        if not isinstance(value, dict):
-            return None
-        size += i - chars if ascii else len(text[chars:i].encode())
-        chars = i
-        messages.append(value)
-        ends.append(size)
-    rest = text[_skip(text, i + 1) :]
-    if rest[:1] not in (",", "}"):
-        raise ValueError("expected ',' or '}' after the messages")
-    after = _DECODER.decode("{" + rest[1:] if rest[0] == "," else "{" + rest)
-    return messages, ends, after
-
-
-def _skip(text: str, i: int) -> int:
-    """The first offset from `i` that is not JSON whitespace."""
-    while text[i] in _WHITESPACE:
-        i += 1
-    return i
+        return strict

@@ -34,8 +34,6 @@ from api.cache import ConversationCache
 from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
-from api.proxy.overflow import LearnedWindows
-from api.proxy.upstream import UpstreamClients
 from api.ratios import CachedRatios
 from api.requestlog import request_log
 from shared.counting.calibration import ScaledCounter
@@ -120,9 +118,7 @@ class Services:
             self.metrics.aggregate(self.settings.metrics_dir)
         self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
-        self.upstream_clients = UpstreamClients(self.settings)  # the proxy's upstreams
-        self.learned = LearnedWindows()  # the proxy's windows of unconfigured models
-        self.openings = Openings()  # the proxy's memory of tenants' repeated openings
+        self.openings = Openings()  # the tenants' memory of repeated openings (prepare, proxy)
         # transcripts resent every turn (the proxy's) are validated in O(new)
         self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
         self.trigger = SummaryTrigger(
@@ -196,7 +192,6 @@ class Services:
             found = self._aclients.pop(asyncio.get_running_loop(), None)
         if found is not None:
             await found.aclose()
-        await self.upstream_clients.aclose()
 
     def broker(self) -> BrokerCheck:
         """The broker's check (readiness and queue depth; Redis or RabbitMQ), made on first use."""

@@ -14,8 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
-from api.requestlog import request_log
+from api.codec import NotStrictJSON
+from api.requestlog import CLIENT_CLOSED, DISCONNECTED, request_log
 from shared.errors import (
     ConfigError,
     DoesNotFit,
@@ -127,6 +129,9 @@ async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
+    if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's body read: the client left
+        request_log(request).error = DISCONNECTED
+        return JSONResponse({}, status_code=CLIENT_CLOSED)  # for the log: nobody reads it
     if exc.status_code == 400 and exc.__cause__ is not None:  # the body could not be decoded
         response = await on_prefit_error(request, _undecodable(exc.__cause__))
         response.status_code = 400
@@ -184,6 +189,10 @@ def _undecodable(cause: BaseException) -> InvalidTranscript:
         why = f"it is not UTF-8 (byte {cause.start})"
     elif isinstance(cause, RecursionError):
         why = "it is nested too deeply"
+    elif isinstance(cause, NotStrictJSON):
+        why = f"{cause.what} at {cause.where}"
+    elif isinstance(cause, ValueError):  # the parsers' own words: positions, never content
+        why = str(cause)[:200]
     else:
         why = type(cause).__name__
     return InvalidTranscript(f"request body is not valid JSON: {why}")

@@ -5,6 +5,10 @@ tenant, conversation id, strategies and summary outcome; when the response is do
 middleware writes `request.completed` with the route template, status and latency, and
 hands the record to an observer (the metrics). Message text and keys never get here.
 
+A client that goes away before its request is read whole (`ClientDisconnect` out of a body
+read) is no fault of the service: logged at info as status 499 (nginx's "client closed
+request"), with nothing sent, since nobody is listening.
+
 It is also the catch-all for bugs: an unexpected exception is logged as `request.crashed`
 with its type and stack frames but not its message (messages can quote content), answered
 500, and not re-raised, so the server does not log it again with the message.
@@ -19,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from shared.logs import get_logger
@@ -27,6 +31,8 @@ from shared.logs import get_logger
 log = get_logger("api.request")
 
 SCOPE_KEY = "prefit_log"
+CLIENT_CLOSED = 499  # the client left before its request was read (nginx's status for it)
+DISCONNECTED = "ClientDisconnected"
 
 
 @dataclass
@@ -94,6 +100,9 @@ class RequestLogger:
 
         try:
             await self.app(scope, receive, capture)
+        except ClientDisconnect:
+            record.status = record.status or CLIENT_CLOSED
+            record.error = DISCONNECTED
         except Exception as exc:  # a bug: answered here, so no server logs its message
             record.error = "InternalError"
             log.error("request.crashed", error=type(exc).__name__, frames=_frames(exc))

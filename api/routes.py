@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.concurrency import run_in_threadpool
 
 from api.auth import metrics_access
+from api.codec import StrictRoute
 from api.conversations import Conversations, Sizes
 from api.deadline import within
 from api.deps import Services, get_services, get_tenant
@@ -52,7 +53,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _CONV_ERRORS: dict[int | str, dict[str, Any]] = {**_ERRORS, 404: {"model": ErrorResponse}}
 JSON = "application/json"
 
-router = APIRouter()
+router = APIRouter(route_class=StrictRoute)  # bodies read as strict JSON (api/codec.py)
 
 
 def _limit(svc: Services, **fields: Any) -> None:

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from shared.strategies.work import MIN_PRESSURE
+
 Format = Literal["openai", "anthropic"]
 System = str | list[dict[str, Any]] | None
 MAX_WAIT_MS = 60_000
@@ -72,7 +74,7 @@ class PrepareStoredRequest(_Model):
     """`POST /v1/conversations/{id}/prepare`."""
 
     tools: list[dict[str, Any]] | None = None
-    pressure: Float = Field(default=1.0, gt=0.0, le=1.0)
+    pressure: Float = Field(default=1.0, ge=MIN_PRESSURE, le=1.0)
     wait_ms: Int | None = Field(
         default=None, ge=0, le=MAX_WAIT_MS, description="wait this long for a due summary"
     )
@@ -81,7 +83,7 @@ class PrepareStoredRequest(_Model):
 class PrepareRequest(_Transcript):
     """`POST /v1/prepare`: stateless."""
 
-    pressure: Float = Field(default=1.0, gt=0.0, le=1.0)
+    pressure: Float = Field(default=1.0, ge=MIN_PRESSURE, le=1.0)
 
 
 class ObserveRequest(_Strict):

@@ -45,7 +45,7 @@ from shared.strategies import (
     TruncateToolResults,
 )
 from shared.strategies.drop import drop_marker, first_guess, pin_fits
-from shared.strategies.work import counter_parts
+from shared.strategies.work import check_pressure, counter_parts
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,9 @@ class TokenScale:
     fixed: int
     ratio: float
     pressure: float
+
+    def __post_init__(self) -> None:
+        check_pressure(self.pressure)  # 5e-324 would make every size infinite
 
     def __call__(self, raw: int) -> int:
         value = scale(self.ratio, raw + self.fixed)

@@ -35,7 +35,7 @@ from shared.strategies import (
 )
 from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
 from shared.strategies.summarize import best_record
-from shared.strategies.work import SizeMemo, measure
+from shared.strategies.work import SizeMemo, check_pressure, measure
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.incremental import plan_cut, summary_message
 from shared.summaries.llm import LLMClient
@@ -297,9 +297,10 @@ class ContextPolicy:
         - book: the conversation's known summaries, reused by content hash; the records this
           call writes are added to it (and returned in `Prepared.new_summaries`);
         - pressure: < 1 assumes the real size is 1/pressure times our estimate, which forces
-          deeper cuts (within (0, 1]). It is used to retry after the provider itself reported
-          an overflow that our estimate missed: strategies stop as soon as the estimate fits,
-          so re-running them unchanged would just produce the same request;
+          deeper cuts (within [`MIN_PRESSURE`, 1]: 0.001). It is used to retry after the
+          provider itself reported an overflow that our estimate missed: strategies stop as
+          soon as the estimate fits, so re-running them unchanged would just produce the same
+          request;
         - hashes: the transcript's `prefix_hashes` when the caller already has them (a store
           keeps them), to avoid hashing it again;
         - conversation: names it for the policy's memory of what it validated and measured (a
@@ -309,8 +310,7 @@ class ContextPolicy:
           change (a store's snapshots), so the messages it shares, as objects, with the
           frozen transcript prepared last need not be compared again (`ValidatedPrefixes`).
         """
-        if not 0.0 < pressure <= 1.0:
-            raise ConfigError(f"pressure must be within (0, 1], got {pressure}")
+        check_pressure(pressure)
         measured = self._measured(transcript, tools, model, pressure, conversation, frozen)
         messages, short, sizes, before = measured
         limits = self.limits(model)
@@ -426,6 +426,7 @@ class ContextPolicy:
           default `summary_due` on this transcript and book;
         - summaries: False skips the `Summarize` steps.
         """
+        check_pressure(pressure)
         limits = self.limits(model)
         work = self._work(list(transcript), tools, model, book, pressure, limits)
         work.due = due or partial(

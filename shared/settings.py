@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     retention_s: int = 7 * 24 * 3600
     redis_socket_timeout_s: float = 2.0
     redis_connect_timeout_s: float = 1.0
-    dead_letters_max: int = 1000
+    dead_letters_max: int = Field(default=1000, ge=1)  # dead letters kept per tenant
     redis_max_connections: int = 512
     # a job's lease on its conversation, renewed every ttl/3 while it runs: a worker that dies
     # mid-job gives it up (and the reaper sends the job again) within this (docs/scaling.md)
@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     max_string_chars: int = 4 * 1024 * 1024
     default_wait_ms: int = 0
     request_deadline_s: float = Field(default=2.0, gt=0, le=60)  # every answer within this
+    # the API server's connections (api/connections.py): a request's headers complete within
+    # this of the connection's start or its last answer; at most this between two reads of a
+    # body; a keep-alive connection idle this long is closed (uvicorn's --timeout-keep-alive)
+    server_header_timeout_s: float = Field(default=10.0, gt=0)
+    server_body_timeout_s: float = Field(default=30.0, gt=0)
+    server_idle_timeout_s: int = Field(default=5, gt=0)
     allow_open: bool = False  # open mode (no API keys) on a non-loopback address
     metrics_token: SecretStr | None = None  # Bearer token for per-tenant series on /metrics
     # several API processes on one port: prometheus_client's own variable names the directory

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import shutil
@@ -14,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from shared.logs import stdlib_formatter
 from shared.settings import Settings
 from tests.conftest import ROOT
 from tests.test_dockerfile import global_args
@@ -197,6 +200,19 @@ def test_the_proxy_spreads_requests_over_every_api_replica() -> None:
     assert re.search(r"location = /metrics \{ return 404; \}", conf)
 
 
+def test_the_front_closes_connections_that_do_not_finish_a_request_as_the_api_does() -> None:
+    """nginx's header, body and idle timeouts are the API server's defaults
+    (api/connections.py), not nginx's own minute or more."""
+    conf = " ".join(re.sub(r"#.*", "", NGINX.read_text()).split())
+    defaults = Settings()
+    for directive, seconds in (
+        ("client_header_timeout", defaults.server_header_timeout_s),
+        ("client_body_timeout", defaults.server_body_timeout_s),
+        ("keepalive_timeout", defaults.server_idle_timeout_s),
+    ):
+        assert f"{directive} {seconds:g}s;" in conf, directive
+
+
 def test_every_operator_setting_is_passed_through_and_unset_by_default() -> None:
     """Each setting of shared/settings.py reaches api and worker (or is listed in NOT_PASSED
     with a reason); unset in the shell, it stays unset (the app's default), set, it passes."""
@@ -261,14 +277,61 @@ def test_every_service_has_limits_log_rotation_and_a_pinned_image() -> None:
 
 
 def test_up_build_works_offline() -> None:
-    """The image builds from tiktoken's files (the `tiktoken` build context, the Dockerfile's
-    optional stage) and the Dockerfile's own pinned base (no empty build argument)."""
+    """The image builds from tiktoken's files in the `tiktoken` build context (the Dockerfile's
+    optional stage): the clone's own deploy/tiktoken, or the folder PREFIT_TIKTOKEN_FILES names;
+    and from the Dockerfile's own pinned base (no empty build argument)."""
     services = config("flower")["services"]
     for name in (*APP_SERVICES, "flower"):
         build = services[name]["build"]
-        assert build["additional_contexts"]["tiktoken"] == str(ROOT.parent / "shared" / "tiktoken")
+        assert build["additional_contexts"]["tiktoken"] == str(ROOT / "deploy" / "tiktoken")
         assert build["args"]["PYTHON_IMAGE"] == global_args()["PYTHON_IMAGE"]
     assert services["flower"]["build"]["target"] == "flower"
+    elsewhere = config("flower", PREFIT_TIKTOKEN_FILES="/srv/tiktoken")["services"]
+    for name in (*APP_SERVICES, "flower"):
+        assert elsewhere[name]["build"]["additional_contexts"]["tiktoken"] == "/srv/tiktoken"
+
+
+def plain_clone(into: Path) -> Path:
+    """The repository's files as `git clone` gives them (tracked and new, not ignored), in a
+    folder with nothing beside it: no ../shared, as an operator's clone has."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout.split("\0")
+    clone = into / "prefit"
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():  # a file deleted in the work tree is not in the next commit
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / name)
+    return clone
+
+
+def test_a_plain_clone_builds(tmp_path: Path) -> None:
+    """From a clone with no ../shared beside it, every build context compose hands the build
+    (the repository, the `tiktoken` folder) exists inside the clone, holds no encoding file to
+    go stale (the build downloads and checks them) and is not ignored away by .dockerignore."""
+    clone = plain_clone(tmp_path)
+    assert not (clone.parent / "shared").exists()
+    argv = [docker_compose(), "--profile", "*", "config", "--format", "json"]
+    clean = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+    run = subprocess.run(argv, capture_output=True, text=True, env=clean, timeout=60, cwd=clone)
+    assert run.returncode == 0, run.stderr
+    builds = {n: s["build"] for n, s in json.loads(run.stdout)["services"].items() if "build" in s}
+    assert set(builds) == {*APP_SERVICES, "flower"}
+    for name, build in builds.items():
+        assert Path(build["context"]) == clone, name
+        assert (clone / build.get("dockerfile", "Dockerfile")).is_file(), name
+        for context, folder in build.get("additional_contexts", {}).items():
+            where = Path(folder)
+            assert where.is_dir() and where.is_relative_to(clone), f"{name}: {context} {folder}"
+            assert not list(where.glob("*.tiktoken")), f"{name}: {folder} holds encodings"
+    assert "../" not in re.sub(r"#.*", "", COMPOSE.read_text())  # nothing outside the clone
+    ignored = (clone / ".gitignore").read_text().split()
+    assert "deploy/tiktoken/*.tiktoken" in ignored  # files put there for offline builds
 
 
 def test_rabbitmq_profile_is_the_broker_and_redis_stays_the_store() -> None:
@@ -382,3 +445,51 @@ def test_the_header_documents_each_profile_and_its_variables() -> None:
     for secret in config(*PROFILES)["secrets"].values():
         name = Path(secret["file"]).name
         assert name == "secrets" or name in header, name
+
+
+def nginx_log_line(conf: str) -> dict[str, Any]:
+    """The proxy's access-log format with every variable given a sample value, parsed as JSON:
+    what nginx writes for one request."""
+    [fmt] = re.findall(r"log_format prefit escape=json ((?:'[^']*'\s*)+);", conf)
+    template = "".join(re.findall(r"'([^']*)'", fmt))
+    line = re.sub(r"\$(status|request_time)\b", "1", template)
+    parsed: dict[str, Any] = json.loads(re.sub(r"\$\w+", "x", line))
+    return parsed
+
+
+def test_one_log_stream_nginx_and_uvicorn_write_json_shaped_as_the_app() -> None:
+    """nginx's request line is JSON with the app's keys (timestamp, level, event, logger) and
+    no client address, body or query string; its plain-text error log is down to `crit`; the
+    API runs uvicorn through `prefit api` (its start lines JSON too)."""
+    conf = re.sub(r"#.*", "", NGINX.read_text())
+    line = nginx_log_line(conf)
+    record = logging.LogRecord("uvicorn.error", logging.INFO, "x.py", 1, "Started", None, None)
+    app_line = json.loads(stdlib_formatter(json=True).format(record))  # uvicorn's, as JSON
+    assert {"timestamp", "level", "event", "logger"} <= set(app_line)
+    assert {"timestamp", "level", "event", "logger"} <= set(line)
+    assert line["event"] == "proxy.request_completed" and line["level"] == "info"
+    for secret in ("$remote_addr", "$request_uri", "$args", "$query_string", "$request_body"):
+        assert secret not in conf, secret
+    assert re.findall(r"error_log (\S+) (\w+);", conf) == [("stderr", "crit")]
+    services = config()["services"]
+    assert services["api"]["command"][:2] == ["prefit", "api"]
+    assert services["worker"]["command"][:2] == ["prefit", "worker"]
+
+
+DOWN = 'docker compose --profile "*" down'
+
+
+def test_down_takes_every_profile_and_the_docs_say_so() -> None:
+    """`--profile "*"` names every service of the file (so its `down` leaves no container and
+    no network in use), and the compose header and docs/deploy.md tell the operator to stop
+    with it: a plain `down` acts on the profiles it is given only."""
+    declared = set(yaml.safe_load(COMPOSE.read_text())["services"])
+    every = render(["*"], {})
+    assert every.returncode == 0, every.stderr
+    assert set(json.loads(every.stdout)["services"]) == declared
+    profiled = {n for n, s in config(*PROFILES)["services"].items() if s.get("profiles")}
+    assert profiled and profiled < declared
+    header = COMPOSE.read_text().split("\nname:", 1)[0]
+    deploy = (ROOT / "docs" / "deploy.md").read_text()
+    assert DOWN in header and DOWN in deploy
+    assert "`docker compose down` with no variable set removed everything" not in deploy

@@ -5,6 +5,7 @@ dashboard, and every series a panel or a rule names exists on a real `/metrics` 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -135,10 +136,20 @@ def exposition(text: str) -> tuple[set[str], set[str]]:
     return samples, histograms
 
 
+PROMTOOL_MISSING = (
+    "promtool is not installed: no package registry the project's own setup reaches ships it; "
+    "`apt-get install prometheus` (Debian, Ubuntu) or `brew install prometheus` does (README)"
+)
+
+
 def promtool() -> str:
+    """The promtool on PATH. Absent, its tests skip saying how to install it, except in CI,
+    where .ci/run installs it and its absence is a broken run."""
     found = shutil.which("promtool")
     if found is None:
-        pytest.fail("promtool is missing: Debian's `prometheus` package has it (.ci/run)")
+        if os.environ.get("CI"):
+            pytest.fail(PROMTOOL_MISSING)
+        pytest.skip(PROMTOOL_MISSING)
     return found
 
 

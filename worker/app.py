@@ -14,9 +14,12 @@ task writes to the store. The broker is Redis or RabbitMQ (`shared.service.broke
 from __future__ import annotations
 
 import gc
+import logging
+import warnings
 from typing import Any
 
 from celery import Celery
+from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import celeryd_init, setup_logging, worker_init, worker_ready, worker_shutdown
 
 from shared.logs import configure_logging, get_logger
@@ -160,11 +163,25 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
     if getattr(sender, "app", None) is app:
         runtime.start_reaper(app)  # an idle worker sends again what a dead one left behind
         check_consumer_timeout(sender, settings)
+        quiet_celery_warnings()
         if sender.hub is not None:  # RabbitMQ: see WAKE_S
             sender.hub.call_repeatedly(WAKE_S, _nothing)
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
+def quiet_celery_warnings() -> None:
+    """Python warnings as prefit's one-line `python.warned` again, and Celery's pending
+    deprecations not at all.
+
+    Celery's logging set-up turns `logging.captureWarnings` on (a warning becomes a multi-line
+    formatted record) and asks for its deprecations `always`: after every reconnect to the
+    broker it then warned about options this app sets on purpose (`broker_connection_retry`,
+    `worker_cancel_long_running_tasks_on_connection_loss`), which tells an operator nothing.
+    """
+    logging.captureWarnings(False)  # gives back the `showwarning` configure_logging set
+    warnings.filterwarnings("ignore", category=CPendingDeprecationWarning)
 
 
 def _nothing() -> None:

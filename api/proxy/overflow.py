@@ -8,7 +8,8 @@ provider tokens, so a prompt the provider accepts (at most `allowed` of its toke
 our estimate puts at allowed x E / N, and prepare fits under pressure x budget. A safety
 margin covers the estimate's own noise. Without figures the pressure drops by a fixed step.
 It always drops, so each retry sends a smaller prompt; the proxy retries at most
-`MAX_RETRIES`.
+`MAX_RETRIES`. What an overflow looks like, and the figures of its message, are each
+provider's: its dialect reads them (api/proxy/dialects/, `Dialect.overflow`).
 
 Room for the reply the client asks for (`with_reply_room`), and the reply lowered when no
 fit leaves it (`lowered_reply`). Both providers refuse a request whose prompt plus the reply
@@ -43,7 +44,6 @@ only for models left out.
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -59,24 +59,8 @@ STEP = 0.7  # pressure x STEP when the error states no figures
 SHRINK = 0.9  # a retry's pressure is at most this much of the last one
 FLOOR = 0.05
 
-_INT = r"(\d[\d,]*)"
-# OpenAI: "This model's maximum context length is 128000 tokens. However, your messages
-# resulted in 130000 tokens" / "... you requested 131000 tokens (130000 in the messages,
-# 1000 in the completion)"; newer models: "Input tokens exceed the configured limit of
-# 272000 tokens. Your messages resulted in 300000 tokens."; compatible servers (Mistral):
-# "Prompt contains 40000 tokens and 0 draft tokens, too large for model with 32768 maximum
-# context length"
-_OPENAI_LIMIT = re.compile(
-    rf"(?:maximum context length is|limit of) {_INT}|{_INT} maximum context length"
-)
-_OPENAI_PROMPT = re.compile(
-    rf"(?:resulted in {_INT} tokens|\({_INT} in the messages|[Pp]rompt contains {_INT} tokens)"
-)
-_OPENAI_OUTPUT = re.compile(rf"{_INT} in the completion")
-# Anthropic: "prompt is too long: 208000 tokens > 200000 maximum"; "input length and
-# `max_tokens` exceed context limit: 188240 + 21333 > 200000, decrease input length ..."
-_ANTHROPIC_TOO_LONG = re.compile(rf"prompt is too long: {_INT} tokens > {_INT}")
-_ANTHROPIC_SUM = re.compile(rf"exceed context limit: {_INT} \+ {_INT} > {_INT}")
+# a figure in an overflow's message ("128000", "1,048,576"): each dialect's patterns use it
+NUMBER = r"(\d[\d,]*)"
 
 
 @dataclass(frozen=True)
@@ -88,42 +72,9 @@ class Overflow:
     output: int | None = None  # what it counted for the answer, when it says
 
 
-def _num(text: str | None) -> int | None:
+def number(text: str | None) -> int | None:
+    """The figure `NUMBER` matched (None for no match)."""
     return int(text.replace(",", "")) if text else None
-
-
-def openai_figures(message: str) -> Overflow:
-    """The figures of an OpenAI `context_length_exceeded` message (or of an Anthropic
-    wording, which Anthropic-backed OpenAI-compatible endpoints pass on)."""
-    limit = _OPENAI_LIMIT.search(message)
-    prompt = _OPENAI_PROMPT.search(message)
-    output = _OPENAI_OUTPUT.search(message)
-    if limit is None and prompt is None:
-        return anthropic_figures(message) or Overflow()
-    return Overflow(
-        prompt_tokens=_num(_first(prompt)),
-        limit=_num(_first(limit)),
-        output=_num(output.group(1)) if output else None,
-    )
-
-
-def _first(found: re.Match[str] | None) -> str | None:
-    """The first group a match filled (None without a match)."""
-    return next((g for g in found.groups() if g), None) if found else None
-
-
-def anthropic_figures(message: str) -> Overflow | None:
-    """The figures of an Anthropic "prompt is too long" error; None if it is no overflow."""
-    found = _ANTHROPIC_TOO_LONG.search(message)
-    if found:
-        return Overflow(prompt_tokens=_num(found.group(1)), limit=_num(found.group(2)))
-    found = _ANTHROPIC_SUM.search(message)
-    if found:
-        prompt, output, limit = (_num(g) for g in found.groups())
-        return Overflow(prompt_tokens=prompt, limit=limit, output=output)
-    if "prompt is too long" in message or "exceed context limit" in message:
-        return Overflow()
-    return None
 
 
 def next_pressure(

@@ -47,7 +47,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import BackgroundTasks, Response
@@ -60,8 +60,7 @@ from api.deps import Services
 from api.enqueue import Reservation
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
-from api.proxy.dialects import Dialect
-from api.proxy.dialects.anthropic import prompt_of
+from api.proxy.dialects import Asked, Dialect
 from api.proxy.identity import Caller, conversation_ids, resolved
 from api.proxy.overflow import (
     FLOOR,
@@ -93,6 +92,9 @@ from shared.messages import Message, ToolSpec
 from shared.reports import new_report
 from shared.service.windows import service_policy
 from shared.summaries.book import SummaryRecord
+
+if TYPE_CHECKING:  # it holds the dialects, whose relays (responses.py) import this module
+    from api.proxy.services import ProxyServices
 
 log = get_logger(__name__)
 
@@ -398,9 +400,10 @@ def prefit_headers(
 class Relay:
     """Forwards one request; `run` returns the response for the client."""
 
-    endpoint: ClassVar[str | None] = None  # under the upstream's /v1; None: its own endpoint
     svc: Services
+    proxy: ProxyServices
     dialect: Dialect
+    asked: Asked  # the model, the stream flag and the endpoint, as the dialect read them
     caller: Caller
     body: dict[str, Any]
     raw: bytes  # the body as the client sent it
@@ -415,8 +418,8 @@ class Relay:
     retries: int = 0
 
     def __post_init__(self) -> None:
-        self.model = str(self.body.get("model"))
-        self.stream = self.body.get("stream") is True
+        self.model = self.asked.model
+        self.stream = self.asked.stream
         # a streamed request's body as sent when fitted, and whether to drop what that adds
         self.streamed, self.strip = (
             self.dialect.streamed(self.body) if self.stream else (None, False)
@@ -428,8 +431,8 @@ class Relay:
             body = self._body(fit)
             started = time.perf_counter()
             try:
-                upstream = await self.svc.upstream_clients.send(
-                    self.dialect.name, self._upstream_headers(), body, self.endpoint
+                upstream = await self.proxy.clients.send(
+                    self.dialect.upstream, self._upstream_headers(), body, self.asked.endpoint
                 )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
@@ -484,7 +487,7 @@ class Relay:
         try:
             window = resolve_window(self.svc.settings, self.model, None)
         except UnknownModel:
-            learned = self.svc.learned.get(self.caller.tenant, self.model)
+            learned = self.proxy.learned.get(self.caller.tenant, self.model)
             if learned is None:
                 return self._skip(UNKNOWN)
             return await self._fit_in(with_reply_room(learned, self.body))
@@ -604,7 +607,7 @@ class Relay:
         window the error states (`LearnedWindows`); None when there is none."""
         if self.label != f"skipped ({UNKNOWN})" or self.retries >= MAX_RETRIES:
             return None
-        window = self.svc.learned.learn(
+        window = self.proxy.learned.learn(
             self.caller.tenant, self.model, overflow, self.svc.settings.reserve_output
         )
         if window is None:
@@ -638,7 +641,7 @@ class Relay:
         return dumps(self.dialect.with_messages(base, fit.messages))
 
     def _upstream_headers(self) -> dict[str, str]:
-        key = self.svc.upstream_clients.upstreams[self.dialect.name].key
+        key = self.dialect.upstream.key
         return upstream_headers(self.dialect, self.caller, key, self.headers)
 
     # --- the answer ----------------------------------------------------------------------
@@ -725,17 +728,16 @@ class Relay:
 
 
 class CountRelay(Relay):
-    """One `POST /v1/messages/count_tokens`: fitted, forwarded once, its count observed."""
-
-    count_path: ClassVar[str] = "/messages/count_tokens"  # under the upstream's /v1
+    """One count-tokens request (`POST /v1/messages/count_tokens`, ...): fitted, forwarded
+    once, its count (`Dialect.counted`) observed."""
 
     async def run(self) -> Response:
         fit = await self._first_fit()
         try:
-            upstream = await self.svc.upstream_clients.request(
-                self.dialect.name,
+            upstream = await self.proxy.clients.request(
+                self.dialect.upstream,
                 "POST",
-                self.count_path,
+                self.asked.endpoint,
                 self._upstream_headers(),
                 self._body(fit),
             )
@@ -743,7 +745,7 @@ class CountRelay(Relay):
             return self._unreachable(exc, fit)
         self.rec.upstream_status = upstream.status_code
         if fit is not None and upstream.status_code < 300:
-            tokens = prompt_of(_json(upstream.content))
+            tokens = self.dialect.counted(_json(upstream.content))
             if tokens:
                 self._observe(fit, tokens)
         self._settle()

@@ -38,27 +38,21 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
-from api.codec import ResentBodies, dumps
+from api.codec import dumps
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.proxy.dialects import Dialect
-from api.proxy.dialects.anthropic import CONVERSIONS, AnthropicDialect
-from api.proxy.dialects.openai import OpenAIDialect
-from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesDialect, ResponsesRelay
+from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesRelay
 from api.proxy.identity import identify
 from api.proxy.relay import CountRelay, Relay
+from api.proxy.services import ProxyServices, proxy_services
 from api.proxy.upstream import passed_back, upstream_failure, upstream_headers
 from api.requestlog import request_log
 from shared.errors import InvalidRequest, NotFound, PrefitError
 
-OPENAI_DIALECT = OpenAIDialect()
-ANTHROPIC_DIALECT = AnthropicDialect()
-RESPONSES_DIALECT = ResponsesDialect()
-
 router = APIRouter()
 # included after every other router: the answer for a route nobody serves
 fallback = APIRouter()
-BODIES = ResentBodies()  # the process's: bodies resent turn after turn, parsed from what is new
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 SERVED = (
@@ -82,19 +76,19 @@ _OPENAI_FAMILIES = frozenset(
 @router.post("/v1/chat/completions", include_in_schema=False)
 async def chat_completions(request: Request) -> Response:
     """OpenAI Chat Completions, with the messages fitted to the model's window."""
-    return await proxy(request, OPENAI_DIALECT)
+    return await proxy(request, proxy_services(request).openai)
 
 
 @router.post("/v1/messages", include_in_schema=False)
 async def messages(request: Request) -> Response:
     """Anthropic Messages, with the system and messages fitted to the model's window."""
-    return await proxy(request, ANTHROPIC_DIALECT)
+    return await proxy(request, proxy_services(request).anthropic)
 
 
 @router.post("/v1/messages/count_tokens", include_in_schema=False)
 async def count_tokens(request: Request) -> Response:
     """Anthropic's token count of the prompt as prefit would send it (fitted, then counted)."""
-    return await proxy(request, ANTHROPIC_DIALECT, CountRelay)
+    return await proxy(request, proxy_services(request).anthropic, CountRelay)
 
 
 @router.api_route("/v1/messages/{rest:path}", methods=_ANY, include_in_schema=False)
@@ -104,19 +98,20 @@ async def messages_other(request: Request, rest: str) -> Response:
         f"prefit's proxy does not serve /v1/messages/{rest}: it serves POST /v1/messages and "
         "POST /v1/messages/count_tokens (send message batches to the provider directly)"
     )
-    return _error(request, ANTHROPIC_DIALECT, NotFound(message))
+    return _error(request, proxy_services(request).anthropic, NotFound(message))
 
 
 @router.post("/v1/responses", include_in_schema=False)
 async def responses(request: Request) -> Response:
     """OpenAI Responses, with the instructions and input items fitted to the model's window."""
-    return await proxy(request, RESPONSES_DIALECT, ResponsesRelay)
+    return await proxy(request, proxy_services(request).responses, ResponsesRelay)
 
 
 @router.post("/v1/responses/input_tokens", include_in_schema=False)
 async def responses_input_tokens(request: Request) -> Response:
     """OpenAI's token count of the input as prefit would send it (fitted, then counted)."""
-    return await proxy(request, RESPONSES_DIALECT, ResponsesCountRelay, model_required=False)
+    dialect = proxy_services(request).responses
+    return await proxy(request, dialect, ResponsesCountRelay, model_required=False)
 
 
 @router.post("/v1/responses/compact", include_in_schema=False)
@@ -127,7 +122,8 @@ async def responses_stored(request: Request) -> Response:
     """The provider's stored responses (retrieve, delete, input items, cancel) and its
     compaction: passed through, there is nothing prefit could fit."""
     path = request.url.path.removeprefix("/v1")
-    return await _shaped(request, OPENAI_DIALECT, forward(request, OPENAI_DIALECT, path))
+    openai = proxy_services(request).openai
+    return await _shaped(request, openai, forward(request, openai, path))
 
 
 @router.get("/v1/models", include_in_schema=False)
@@ -145,7 +141,8 @@ async def model(request: Request, model_id: str) -> Response:
 @router.post("/v1/embeddings", include_in_schema=False)
 async def embeddings(request: Request) -> Response:
     """OpenAI embeddings, passed through: there is no conversation to fit."""
-    return await _shaped(request, OPENAI_DIALECT, forward(request, OPENAI_DIALECT, "/embeddings"))
+    openai = proxy_services(request).openai
+    return await _shaped(request, openai, forward(request, openai, "/embeddings"))
 
 
 @router.api_route("/v1/responses/{rest:path}", methods=_ANY, include_in_schema=False)
@@ -157,17 +154,35 @@ async def embeddings(request: Request) -> Response:
 @router.get("/v1/chat/completions", include_in_schema=False)
 async def not_served_here(request: Request) -> Response:
     """Provider endpoints prefit does not serve: a 404 the SDK reads."""
-    return _error(request, OPENAI_DIALECT, not_served(request))
+    return _error(request, proxy_services(request).openai, not_served(request))
 
 
 @fallback.api_route("/{rest:path}", methods=_ANY, include_in_schema=False)
 async def unknown(request: Request, rest: str) -> Response:
     """Any other route: a 404 in the caller's API's shape saying what prefit serves (a route
     that exists for other methods is still a 405, but to a Gemini call, which is none)."""
-    routes = request.app.router.routes
-    if not gemini(request) and any(r.matches(request.scope)[0] == Match.PARTIAL for r in routes):
-        raise HTTPException(405)
-    return unknown_route(request, OPENAI_DIALECT, ANTHROPIC_DIALECT)
+    routes = _flat(request.app.router.routes)
+    allowed = {
+        m for r in routes if r.matches(request.scope)[0] == Match.PARTIAL for m in _methods(r)
+    }
+    if allowed and not gemini(request):
+        allowed |= {"HEAD"} if "GET" in allowed else set()  # api/head.py serves it
+        raise HTTPException(405, headers={"Allow": ", ".join(sorted(allowed))})
+    found = proxy_services(request)
+    return unknown_route(request, found.openai, found.anthropic)
+
+
+def _methods(route: Any) -> set[str]:
+    return set(getattr(route, "methods", None) or ())
+
+
+def _flat(routes: list[Any]) -> list[Any]:
+    """Every route, those of included routers too (FastAPI keeps a router included whole)."""
+    out: list[Any] = []
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        out.extend(_flat(inner.routes) if inner is not None else [route])
+    return out
 
 
 async def proxy(
@@ -185,24 +200,25 @@ async def _relayed(
     request: Request, dialect: Dialect, relay_type: Callable[..., Relay], model_required: bool
 ) -> Response:
     svc: Services = request.app.state.services
+    found = proxy_services(request)
     rec = request_log(request)
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
-    BODIES.max_bytes = CONVERSIONS.max_bytes = svc.settings.proxy_body_cache_mb * 1024 * 1024
-    body, learn = _object(raw, caller.tenant, model_required)
-    relay = relay_type(svc, dialect, caller, body, raw, request.headers, rec)
+    body, learn = _object(found, raw, caller.tenant, model_required)
+    asked = dialect.asked(request.url.path, request.url.query, body)
+    relay = relay_type(svc, found, dialect, asked, caller, body, raw, request.headers, rec)
     answer = await relay.run()
     if learn:  # after the answer and its sync: where this body's messages end, for the next
-        relay.background.add_task(BODIES.remember, caller.tenant, raw, body)
-    elif dialect is OPENAI_DIALECT and relay.fitter is not None:  # its messages as they came
-        BODIES.adopt(caller.tenant, raw, relay.fitter.messages)
+        relay.background.add_task(found.bodies.remember, caller.tenant, raw, body)
+    elif dialect is found.openai and relay.fitter is not None:  # its messages as they came
+        found.bodies.adopt(caller.tenant, raw, relay.fitter.messages)
     return answer
 
 
 async def _passed(request: Request, path: str) -> Response:
-    anthropic = "anthropic-version" in request.headers
-    dialect: Dialect = ANTHROPIC_DIALECT if anthropic else OPENAI_DIALECT
+    found = proxy_services(request)
+    dialect: Dialect = found.anthropic if "anthropic-version" in request.headers else found.openai
     return await _shaped(request, dialect, forward(request, dialect, path))
 
 
@@ -222,12 +238,14 @@ def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
     return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
-def _object(raw: bytes, tenant: str, model_required: bool = True) -> tuple[dict[str, Any], bool]:
+def _object(
+    found: ProxyServices, raw: bytes, tenant: str, model_required: bool = True
+) -> tuple[dict[str, Any], bool]:
     """The request body, a JSON object naming a model (when it must, or names one), parsed
     from where it differs from the tenant's last like it (`ResentBodies`), and whether to
     learn its messages."""
     try:
-        body, learn = BODIES.loads(tenant, raw)
+        body, learn = found.bodies.loads(tenant, raw)
     except ValueError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -247,14 +265,13 @@ async def forward(request: Request, dialect: Dialect, path: str) -> Response:
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     body = await request.body()
-    key = svc.upstream_clients.upstreams[dialect.name].key
-    headers = upstream_headers(dialect, caller, key, request.headers)
+    headers = upstream_headers(dialect, caller, dialect.upstream.key, request.headers)
     if not body:
         headers.pop("content-type")
     query = f"?{request.url.query}" if request.url.query else ""
     try:
-        answer = await svc.upstream_clients.request(
-            dialect.name, request.method, path + query, headers, body
+        answer = await proxy_services(request).clients.request(
+            dialect.upstream, request.method, path + query, headers, body
         )
     except httpx.TransportError as exc:
         status, message = upstream_failure(exc, dialect.name, rec)

@@ -1,6 +1,7 @@
 """The providers the proxy forwards to: where they are, their pooled clients, the headers.
 
-Each upstream (OpenAI, Anthropic) gets one client with HTTP keep-alive, the connection
+Where a provider is and its key (`Upstream`) is its dialect's to say, from its own settings
+(api/proxy/dialects/). Each upstream gets one client with HTTP keep-alive, the connection
 limits and the timeouts of the settings; the read timeout is between two bytes of an
 answer, so a long streamed answer is never cut by it. Nothing here retries: a request that
 may have reached the provider is not sent twice (only the overflow rule repeats a request,
@@ -19,57 +20,41 @@ import asyncio
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import httpx
+from pydantic import SecretStr
 
-from api.proxy.dialects import Dialect
 from api.proxy.identity import Caller
 from api.requestlog import RequestLog
 from shared.logs import get_logger
 from shared.settings import Settings
 
-log = get_logger(__name__)
+if TYPE_CHECKING:  # the dialects make their upstreams: they import this module
+    from api.proxy.dialects import Dialect
 
-OPENAI, ANTHROPIC = "openai", "anthropic"
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True)
 class Upstream:
-    """Where one protocol's requests go, and the deployment's key for it."""
+    """Where one provider's requests go (its API's root: endpoints are paths under it), and
+    the deployment's key for it; each dialect makes its own from its provider's settings."""
 
     name: str
-    url: str  # the full URL of the endpoint
+    root: str
     key: str | None
-    root: str = ""  # the API's base URL, ending in /v1 (other endpoints: `UpstreamClients.request`)
 
 
-def upstreams_of(settings: Settings) -> dict[str, Upstream]:
-    """The two upstreams of the settings (`PREFIT_OPENAI_*`, `PREFIT_ANTHROPIC_*`)."""
-    openai_key = settings.openai_api_key
-    anthropic_key = settings.anthropic_api_key
-    openai_root = settings.openai_base_url.rstrip("/")
-    anthropic_root = settings.anthropic_base_url.rstrip("/").removesuffix("/v1") + "/v1"
-    return {
-        OPENAI: Upstream(
-            OPENAI,
-            openai_root + "/chat/completions",
-            openai_key.get_secret_value() if openai_key else None,
-            openai_root,
-        ),
-        ANTHROPIC: Upstream(
-            ANTHROPIC,
-            anthropic_root + "/messages",
-            anthropic_key.get_secret_value() if anthropic_key else None,
-            anthropic_root,
-        ),
-    }
+def secret(value: SecretStr | None) -> str | None:
+    """The key a setting holds, if any."""
+    return value.get_secret_value() if value is not None else None
 
 
 class UpstreamClients:
     """Pooled clients, one per upstream and event loop; `aclose` the loop's at shutdown."""
 
     def __init__(self, settings: Settings) -> None:
-        self.upstreams = upstreams_of(settings)
         self._timeout = httpx.Timeout(
             connect=settings.upstream_connect_timeout_s,
             read=settings.upstream_read_timeout_s,
@@ -97,22 +82,22 @@ class UpstreamClients:
             return found
 
     async def send(
-        self, name: str, headers: Mapping[str, str], body: bytes, path: str | None = None
+        self, upstream: Upstream, headers: Mapping[str, str], body: bytes, path: str
     ) -> httpx.Response:
-        """POST `body` to upstream `name` (at `path` under its /v1, else its endpoint); the
+        """POST `body` to `upstream` at `path` (under its root, with its query); the
         answer's body is left unread (streamed)."""
-        client = self.client(name)
-        upstream = self.upstreams[name]
-        url = upstream.root + path if path is not None else upstream.url
-        request = client.build_request("POST", url, headers=dict(headers), content=body)
+        client = self.client(upstream.name)
+        request = client.build_request(
+            "POST", upstream.root + path, headers=dict(headers), content=body
+        )
         return await client.send(request, stream=True)
 
     async def request(
-        self, name: str, method: str, path: str, headers: Mapping[str, str], body: bytes
+        self, upstream: Upstream, method: str, path: str, headers: Mapping[str, str], body: bytes
     ) -> httpx.Response:
-        """`method` `path` (under the API's /v1, with its query) of upstream `name`, read."""
-        client = self.client(name)
-        url = self.upstreams[name].root + path
+        """`method` `path` (under `upstream`'s root, with its query), read."""
+        client = self.client(upstream.name)
+        url = upstream.root + path
         return await client.request(method, url, headers=dict(headers), content=body or None)
 
     async def aclose(self) -> None:

@@ -175,7 +175,7 @@ def _conv_path(conv_id: str) -> str:
 def _pressure_sent(pressure: float) -> float:
     """`pressure` as sent: NaN and infinities are not JSON, so say so before sending."""
     if isinstance(pressure, int | float) and not math.isfinite(pressure):
-        raise InvalidRequest(f"pressure must be a finite number in (0, 1], got {pressure}")
+        raise InvalidRequest(f"pressure must be a finite number in [0.001, 1], got {pressure}")
     return pressure
 
 

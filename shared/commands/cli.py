@@ -1,6 +1,7 @@
-"""The `prefit` console script: `up`, `worker`, `demo`, `inspect` and `encodings`.
+"""The `prefit` console script: `up`, `api`, `worker`, `demo`, `inspect` and `encodings`.
 
 - `prefit up`: the whole service on one machine (embedded Redis unless REDIS_URL is set).
+- `prefit api`: become the API's uvicorn server, its own lines structured from the first.
 - `prefit worker`: become a Celery summary worker with the project's settings.
 - `prefit demo FILE | --generate`: replay a conversation against a running service.
 - `prefit inspect ...`: shared/commands/inspect.py, imported only when asked for.
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from shared.client import PrefitClient
 from shared.commands.demo import DemoOptions, generate_conversation, load_conversation, replay
-from shared.commands.up import UpOptions, run_up, worker_argv
+from shared.commands.up import UpOptions, api_argv, run_up, worker_argv
 from shared.errors import PrefitError
 from shared.logs import configure_logging
 from shared.settings import Settings, get_settings
@@ -65,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--grace", type=float, default=10.0, help="seconds each child gets to stop")
     up.add_argument("--redis-dir", type=Path, help="persist the embedded Redis (AOF) here")
     up.set_defaults(command=_up)
+
+    api = sub.add_parser("api", help="run the API server (uvicorn; replaces this process)")
+    api.add_argument("--host", help="interface to listen on (default: PREFIT_HOST or 127.0.0.1)")
+    api.add_argument("--port", type=int, help="port to listen on (default: PREFIT_PORT or 8000)")
+    api.set_defaults(command=_api)
 
     worker = sub.add_parser("worker", help="run a Celery summary worker (replaces this process)")
     worker.add_argument(
@@ -143,6 +149,11 @@ def _up(ns: argparse.Namespace, settings: Settings) -> int:
     )
     # The children inherit this environment (PATH, PREFIT_*), plus the Redis they are given.
     return run_up(opts, settings, dict(os.environ), sys.stdout)
+
+
+def _api(ns: argparse.Namespace, settings: Settings) -> int:
+    port = ns.port if ns.port is not None else settings.port
+    _exec(api_argv(ns.host or settings.host, port))
 
 
 def _worker(ns: argparse.Namespace, settings: Settings) -> int:

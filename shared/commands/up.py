@@ -251,11 +251,16 @@ def node_name() -> str:
     return f"prefit-{secrets.token_hex(4)}@%h"
 
 
+HTTP_PROTOCOL = "api.connections:GuardedHttpTools"  # by name: shared never imports the API
+
+
 def api_argv(host: str, port: int, workers: int = 1) -> list[str]:
     """The uvicorn command line of the API (the API logs one line per request itself, and
-    uvicorn's own lines are structured from the first: `UVICORN_LOG_CONFIG`)."""
+    uvicorn's own lines are structured from the first: `UVICORN_LOG_CONFIG`). Its protocol
+    closes connections that do not finish a request (header, body and idle timeouts of the
+    settings: api/connections.py)."""
     argv = [sys.executable, "-m", "uvicorn", "api.app:app", "--host", host, "--port", str(port)]
-    argv += ["--no-access-log", "--log-config", str(UVICORN_LOG_CONFIG)]
+    argv += ["--no-access-log", "--log-config", str(UVICORN_LOG_CONFIG), "--http", HTTP_PROTOCOL]
     return argv + (["--workers", str(workers)] if workers > 1 else [])
 
 

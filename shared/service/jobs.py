@@ -43,7 +43,3 @@ class SummaryJob:
         if job.max_input_tokens <= job.reserve_output or job.length < 0 or job.extra_tokens < 0:
             raise ConfigError("summary job has an impossible window or length")
         return job
-
-    def dedupe_key(self) -> str:
-        """Jobs for the same conversation state collapse into one enqueue."""
-        return f"{self.conversation_id}:{self.prefix_hash}"

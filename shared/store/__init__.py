@@ -99,7 +99,9 @@ class Store:
                 ),
             ),
             usage=UsageStore(client),
-            dead_letters=DeadLetters(client, retention_s=retention),
+            dead_letters=DeadLetters(
+                client, retention_s=retention, max_entries=settings.dead_letters_max
+            ),
             leases=leases,
             claims=Claims(client, leases, records, retention_s=retention),
             inflight=InFlight(client),

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from shared.counting.calibration import ScaledCounter, scale
 from shared.counting.counters import CachedCounter
 from shared.counting.protocol import MessageCounter
+from shared.errors import ConfigError
 from shared.hashing import prefix_hashes
 from shared.head import Head
 from shared.messages import Message, ToolSpec, within
@@ -94,6 +95,18 @@ class Limits:
 
 def _always() -> bool:
     return True
+
+
+# The least pressure: the estimate taken as a thousand times too small. Below it a prompt's
+# assumed size leaves every integer a person reads (5e-324 makes it infinite), and no
+# provider's count is that far from prefit's.
+MIN_PRESSURE = 0.001
+
+
+def check_pressure(pressure: float) -> None:
+    """`ConfigError` unless `MIN_PRESSURE <= pressure <= 1` (NaN included)."""
+    if not MIN_PRESSURE <= pressure <= 1.0:
+        raise ConfigError(f"pressure must be within [{MIN_PRESSURE}, 1], got {pressure!r}")
 
 
 @dataclass

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 import structlog
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app, requires_loopback
@@ -13,7 +15,7 @@ from api.auth import LOCAL_TENANT, KeyRing
 from shared.errors import ConfigError, Unauthorized
 from shared.settings import Settings
 from shared.store import Store
-from tests.api.conftest import Recorder, make_settings
+from tests.api.conftest import Recorder, key_of, make_settings
 from tests.api.helpers import body, conv_id
 from tests.builders import chat
 
@@ -111,3 +113,84 @@ def test_tenants_never_see_each_other(
         ca.post(f"/v1/conversations/{cid}/messages", json=body(chat(1, system=False), model))
         assert cb.get(f"/v1/conversations/{cid}").json()["length"] == 7
         assert ca.get(f"/v1/conversations/{cid}").json()["length"] == 9
+
+
+async def _asgi(
+    app: FastAPI,
+    method: str,
+    path: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    declared: int | None = None,
+) -> tuple[int, bytes, int]:
+    """`method path` straight into the app's ASGI callable: (status, body, how many times the
+    app asked for the request's body)."""
+    asked = 0
+    length = len(body) if declared is None else declared
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": b"", "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 5000),
+        "headers": [(b"content-type", b"application/json"),
+                    (b"content-length", str(length).encode()), *headers],
+    }  # fmt: skip
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        asked += 1
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    content = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, content, asked
+
+
+BODIES = {
+    "none": (b"", None),
+    "valid": (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}]}', None),
+    "truncated": (b'{"model": "m", "messages": [{"role": "us', None),
+    "NaN": (b'{"model": "m", "pressure": NaN}', None),
+    "90 MB declared": (b"", 90 * 1024 * 1024),
+}
+EXPLICIT = [
+    ("POST", "/v1/prepare"), ("POST", "/v1/observe"), ("POST", "/v1/conversations/c/messages"),
+    ("PUT", "/v1/conversations/c"), ("GET", "/v1/conversations/c"),
+    ("DELETE", "/v1/conversations/c"), ("POST", "/v1/conversations/c/prepare"),
+    ("GET", "/v1/prepare"), ("POST", "/v1/conversations/a:b/messages"),
+]  # fmt: skip
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("method", "path"), EXPLICIT)
+@pytest.mark.parametrize("auth", [None, b"Bearer nope", b"Basic x"])
+async def test_the_key_is_checked_before_a_byte_of_the_body_is_read(
+    settings: Settings, store: Store, method: str, path: str, auth: bytes | None
+) -> None:
+    """Every route of the explicit API, any method, any body (none, valid, truncated, NaN, a
+    declared 90 MB): the same 401, and the app never asked for the body."""
+    app = create_app(settings, store=store, enqueue=Recorder())
+    headers = [(b"authorization", auth)] if auth is not None else []
+    answers = set()
+    for raw, declared in BODIES.values():
+        status, content, asked = await _asgi(app, method, path, headers, raw, declared)
+        assert (status, asked) == (401, 0), (method, path, raw[:20], declared)
+        answers.add(content)
+    assert len(answers) == 1 and b"Unauthorized" in answers.pop()
+
+
+@pytest.mark.anyio
+async def test_a_good_key_still_reaches_the_body(
+    settings: Settings, store: Store, tenant: str, model: str
+) -> None:
+    """With the tenant's key the request is read and answered as before (NaN: a 400 naming
+    where it is)."""
+    app = create_app(settings, store=store, enqueue=Recorder())
+    auth = [(b"authorization", f"Bearer {key_of(tenant)}".encode())]
+    raw = b'{"model": "%s", "messages": [{"role": "user", "content": "hi", "w": NaN}]}'
+    status, content, asked = await _asgi(app, "POST", "/v1/prepare", auth, raw % model.encode())
+    assert (status, asked) == (400, 1) and b"at messages[0].w" in content

@@ -75,6 +75,38 @@ def cases(model: str) -> dict[str, Case]:
             "post", append, b"[" * 100_000, JSON_CT, 400,
             "InvalidTranscript", "request body is not valid JSON: it is nested too deeply",
         ),
+        "NaN in a message": (
+            "post", append, b'{"model": "%s", "messages": [{"role": "user", "content": "x", '
+            b'"weight": NaN}]}' % model.encode(), JSON_CT, 400,
+            "InvalidTranscript", "NaN (JSON has no NaN or Infinity) at messages[0].weight",
+        ),
+        "Infinity in a replace": (
+            "put", CONV, b'{"model": "%s", "messages": [{"role": "user", "content": "x"}], '
+            b'"max_input_tokens": -Infinity}' % model.encode(), JSON_CT, 400,
+            "InvalidTranscript", "-Infinity (JSON has no NaN or Infinity) at max_input_tokens",
+        ),
+        "a number past a double's range": (
+            "post", prepare, b'{"model": "%s", "pressure": 1e400}' % model.encode(), JSON_CT,
+            400, "InvalidTranscript", "1e400 (out of a double's range) at pressure",
+        ),
+        "an integer of 5,000 digits": (
+            "post", "/v1/prepare", b'{"model": "%s", "messages": [{"role": "user", "content": '
+            b'[{"type": "text", "text": "x", "n": %s}]}]}' % (model.encode(), b"9" * 5000),
+            JSON_CT, 400, "InvalidTranscript",
+            "an integer of 5000 digits (at most 40) at messages[0].content[0].n",
+        ),
+        "pressure of the least double": (
+            "post", prepare, {"model": model, "pressure": 5e-324}, {}, 422,
+            "InvalidRequest", "pressure: Input should be greater than or equal to 0.001",
+        ),
+        "pressure of 1e-300 (stateless)": (
+            "post", "/v1/prepare", body(MSGS, model, pressure=1e-300), {}, 422,
+            "InvalidRequest", "pressure: Input should be greater than or equal to 0.001",
+        ),
+        "pressure over 1": (
+            "post", "/v1/prepare", body(MSGS, model, pressure=1.5), {}, 422,
+            "InvalidRequest", "pressure: Input should be less than or equal to 1",
+        ),
         "body an array": (
             "put", CONV, [1, 2], {}, 422,
             "InvalidRequest", "request body must be a JSON object, got an array",

@@ -47,6 +47,10 @@ def test_a_proxied_head_goes_upstream_as_a_get(api: Proxy) -> None:
 
 
 def test_head_of_a_post_only_route_is_refused_as_get_is(api: Proxy) -> None:
-    """A route without `GET` (`/v1/prepare`) refuses `HEAD` as it refuses `GET`: 405."""
-    assert httpx.get(f"{api.url}/v1/prepare").status_code == 405
-    assert httpx.head(f"{api.url}/v1/prepare").status_code == 405
+    """A route without `GET` (`/v1/prepare`) refuses `HEAD` as it refuses `GET`: 405 with
+    `Allow` (the key first: without one, 401)."""
+    auth = {"authorization": f"Bearer {api.key}"}
+    for method in ("GET", "HEAD"):
+        r = httpx.request(method, f"{api.url}/v1/prepare", headers=auth)
+        assert (r.status_code, r.headers.get("allow")) == (405, "POST")
+        assert httpx.request(method, f"{api.url}/v1/prepare").status_code == 401

@@ -14,13 +14,14 @@ from hypothesis import strategies as st
 from shared.counting.calibration import CalibratedCounter
 from shared.counting.counters import HeuristicCounter, TiktokenCounter
 from shared.counting.protocol import TokenCounter
-from shared.cut import default_steps
-from shared.errors import DoesNotFit
+from shared.cut import TokenScale, default_steps
+from shared.errors import ConfigError, DoesNotFit
 from shared.formats.anthropic import from_anthropic
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy, Prepared
 from shared.strategies import ClearToolResults, DropOldest, Summarize, TruncateToolResults
+from shared.strategies.work import MIN_PRESSURE
 from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, long_session, needs_transcripts, transcript_files
 from tests.shared.generated import thinking_sessions, transcripts
@@ -379,3 +380,22 @@ async def test_legacy_function_calls_and_images_decide_the_same() -> None:
     for window in (1_800, 3_000, 12_000):  # at 1,800 the last resort replaces images
         fast, slow = twins(window, HeuristicCounter(), reserve_output=500)
         await replay(fast, slow, msgs, every=3)
+
+
+@pytest.mark.parametrize("pressure", [5e-324, 1e-300, 0.0009, 0.0, -1.0, 1.5, float("nan")])
+def test_a_token_scale_refuses_a_pressure_out_of_range(pressure: float) -> None:
+    """5e-324 made every size infinite (OverflowError): now a typed `ConfigError`."""
+    with pytest.raises(ConfigError, match="pressure must be within"):
+        TokenScale(10, 1.0, pressure)
+
+
+async def test_the_least_pressure_gives_readable_figures() -> None:
+    """At `MIN_PRESSURE` a transcript that cannot fit is `DoesNotFit` with figures of a few
+    digits (1e-300 once gave a 300-digit number); below it, `ConfigError`."""
+    policy = ContextPolicy(8000)
+    msgs: list[Message] = [{"role": "user", "content": "word " * 2000}]
+    with pytest.raises(DoesNotFit) as caught:
+        await policy.prepare(msgs, pressure=MIN_PRESSURE)
+    assert 0 < caught.value.tokens < 10**8 and len(str(caught.value)) < 300
+    with pytest.raises(ConfigError):
+        await policy.prepare(msgs, pressure=1e-300)

@@ -3,6 +3,9 @@ on a Redis or a RabbitMQ broker."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import structlog
@@ -11,7 +14,12 @@ from celery.app.utils import find_app
 from shared.service.broker import celery_options
 from shared.service.jobs import TASK_NAME
 from shared.settings import Settings
-from worker.app import celery_config, check_consumer_timeout, make_app, restore_interval
+from worker.app import (
+    celery_config,
+    check_consumer_timeout,
+    make_app,
+    restore_interval,
+)
 
 
 def test_delivery_is_at_least_once_with_late_acks() -> None:
@@ -112,3 +120,36 @@ def test_a_worker_on_an_old_rabbitmq_warns_that_the_consumer_timeout_is_ignored(
         events = [e for e in logs if e["event"] == "broker.consumer_timeout_ignored"]
         assert len(events) == (1 if warned else 0)
         assert all("consumer_timeout = 600000" in e["note"] for e in events)
+
+
+QUIETED_CHECK = """
+import warnings
+from celery.exceptions import CPendingDeprecationWarning
+from celery.worker.consumer.consumer import CANCEL_TASKS_BY_DEFAULT
+from shared.logs import configure_logging
+from shared.settings import Settings
+from worker.app import make_app, quiet_celery_warnings
+
+configure_logging(json=True)
+make_app(Settings()).log.setup(loglevel="INFO")  # what the command-line worker does
+quiet_celery_warnings()
+warnings.warn(CPendingDeprecationWarning(CANCEL_TASKS_BY_DEFAULT), stacklevel=1)
+warnings.warn("first line\\nsecond line", UserWarning, stacklevel=1)
+"""
+
+
+def test_after_celerys_log_set_up_warnings_are_one_json_line_and_deprecations_none() -> None:
+    """Celery's set-up captures warnings into multi-line records and wants its deprecations
+    always; once the worker is ready its reconnect deprecation is gone and any other warning
+    is one `python.warned` line (in a process of its own: the set-up is process-wide)."""
+    run = subprocess.run(
+        [sys.executable, "-c", QUIETED_CHECK], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    [line] = run.stderr.strip().splitlines()
+    record = json.loads(line)
+    assert (record["event"], record["category"], record["text"]) == (
+        "python.warned",
+        "UserWarning",
+        "first line",
+    )

@@ -5,11 +5,17 @@
 The prompt count is `input_tokens + cache_read_input_tokens + cache_creation_input_tokens`,
 found in a streamed answer's `message_start` event. The upstream is authenticated with
 `x-api-key`, and the client's `anthropic-version` and `anthropic-beta` headers are passed on.
+
+The upstream is `PREFIT_ANTHROPIC_BASE_URL` (its /v1 added) with `PREFIT_ANTHROPIC_API_KEY`;
+an overflow is a 400 (or 413) saying "prompt is too long" or "exceed context limit"
+(`anthropic_figures`). The conversions of recent transcripts (`Conversions`) are the
+dialect's own, bounded by `PREFIT_PROXY_BODY_CACHE_MB` (0: off).
 """
 
 from __future__ import annotations
 
 import operator
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -18,10 +24,10 @@ from itertools import chain
 from typing import Any
 
 from api.codec import dumps
-from api.proxy.dialects import error_fields, tools_of
-from api.proxy.overflow import Overflow, anthropic_figures
+from api.proxy.dialects import Asked, asked_in_body, error_fields, tools_of
+from api.proxy.overflow import NUMBER, Overflow, number
 from api.proxy.streaming import Tap, data_of
-from api.proxy.upstream import ANTHROPIC
+from api.proxy.upstream import Upstream, secret
 from shared.errors import InvalidTranscript
 from shared.formats.anthropic import (
     Sent,
@@ -33,7 +39,9 @@ from shared.formats.anthropic import (
 )
 from shared.formats.blocks import check_system, user_blocks, validate_message
 from shared.messages import Message, ToolSpec
+from shared.settings import Settings
 
+ANTHROPIC = "anthropic"
 API_VERSION = "2023-06-01"  # sent when the client names none
 USAGE_FIELDS = ("input_tokens", "cache_read_input_tokens", "cache_creation_input_tokens")
 ERROR_TYPES = {  # the error `type` Anthropic gives each status
@@ -45,6 +53,26 @@ ERROR_TYPES = {  # the error `type` Anthropic gives each status
     429: "rate_limit_error",
     529: "overloaded_error",
 }
+
+
+# "prompt is too long: 208000 tokens > 200000 maximum"; "input length and `max_tokens`
+# exceed context limit: 188240 + 21333 > 200000, decrease input length ..."
+_TOO_LONG = re.compile(rf"prompt is too long: {NUMBER} tokens > {NUMBER}")
+_SUM = re.compile(rf"exceed context limit: {NUMBER} \+ {NUMBER} > {NUMBER}")
+
+
+def anthropic_figures(message: str) -> Overflow | None:
+    """The figures of an Anthropic "prompt is too long" error; None if it is no overflow."""
+    found = _TOO_LONG.search(message)
+    if found:
+        return Overflow(prompt_tokens=number(found.group(1)), limit=number(found.group(2)))
+    found = _SUM.search(message)
+    if found:
+        prompt, output, limit = (number(g) for g in found.groups())
+        return Overflow(prompt_tokens=prompt, limit=limit, output=output)
+    if "prompt is too long" in message or "exceed context limit" in message:
+        return Overflow()
+    return None
 
 
 def prompt_of(usage: Any) -> int | None:
@@ -204,9 +232,6 @@ def _shared(old: list[Any], new: list[Any]) -> int:
     return k
 
 
-CONVERSIONS = Conversions()  # the process's
-
-
 class StartTap:
     """Reads the prompt count from `message_start`; keeps every event."""
 
@@ -228,6 +253,14 @@ class AnthropicDialect:
     name = ANTHROPIC
     forwarded: tuple[str, ...] = ("anthropic-version", "anthropic-beta")
 
+    def __init__(self, settings: Settings) -> None:
+        root = settings.anthropic_base_url.rstrip("/").removesuffix("/v1") + "/v1"
+        self.upstream = Upstream(ANTHROPIC, root, secret(settings.anthropic_api_key))
+        self.conversions = Conversions(max_bytes=settings.proxy_body_cache_mb * 1024 * 1024)
+
+    def asked(self, path: str, query: str, body: Mapping[str, Any]) -> Asked:
+        return asked_in_body(path, body)
+
     def transcript(
         self, body: Mapping[str, Any], check: Callable[[Any], list[Message]]
     ) -> tuple[list[Message], list[ToolSpec]]:
@@ -235,14 +268,14 @@ class AnthropicDialect:
         if not isinstance(given, list):
             raise InvalidTranscript("'messages' must be a list")
         system = body.get("system")
-        if CONVERSIONS.max_bytes == 0:  # off: converted whole, markers and all
+        if self.conversions.max_bytes == 0:  # off: converted whole, markers and all
             converted = from_anthropic(system, given)
             return self._valid(system, given, converted, check), tools_of(body)
         check_system(system)
-        groups = CONVERSIONS.convert(given)
+        groups = self.conversions.convert(given)
         head: list[Message] = [] if system is None else [{"role": "system", "content": system}]
         messages = self._valid(system, given, [*head, *(m for g in groups for m in g)], check)
-        CONVERSIONS.adopt(given, messages[len(head) :])
+        self.conversions.adopt(given, messages[len(head) :])
         return messages, tools_of(body)
 
     def _valid(
@@ -261,7 +294,7 @@ class AnthropicDialect:
         return messages
 
     def with_messages(self, body: Mapping[str, Any], messages: list[Message]) -> dict[str, Any]:
-        system, converted = to_anthropic(messages, sent=CONVERSIONS.sent(body.get("messages")))
+        system, converted = to_anthropic(messages, sent=self.conversions.sent(body.get("messages")))
         out = {**body, "messages": converted}
         if system is None:
             out.pop("system", None)
@@ -283,6 +316,9 @@ class AnthropicDialect:
 
     def prompt_tokens(self, answer: Any) -> int | None:
         return prompt_of(answer.get("usage")) if isinstance(answer, dict) else None
+
+    def counted(self, answer: Any) -> int | None:
+        return prompt_of(answer)  # `{"input_tokens": N}`
 
     def overflow(self, status: int, answer: Any) -> Overflow | None:
         if status not in (400, 413):

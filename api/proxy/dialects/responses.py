@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
@@ -94,6 +94,9 @@ class ResponsesDialect(OpenAIDialect):
     def prompt_tokens(self, answer: Any) -> int | None:
         return input_tokens(answer.get("usage")) if isinstance(answer, dict) else None
 
+    def counted(self, answer: Any) -> int | None:
+        return input_tokens(answer)  # `{"object": "response.input_tokens", "input_tokens": N}`
+
 
 def event_type(event: bytes) -> str | None:
     """The type of one server-sent event: its `event:` line's, else its data's `type`."""
@@ -112,8 +115,6 @@ def server_state(body: Mapping[str, Any]) -> str | None:
 
 class ResponsesRelay(Relay):
     """One `POST /v1/responses`: fitted unless it continues server-side state."""
-
-    endpoint: ClassVar[str | None] = "/responses"
 
     async def _first_fit(self) -> Fit | None:
         state = server_state(self.body)
@@ -143,5 +144,3 @@ class ResponsesRelay(Relay):
 
 class ResponsesCountRelay(CountRelay, ResponsesRelay):
     """One `POST /v1/responses/input_tokens`: fitted as `/v1/responses` is, then counted."""
-
-    count_path: ClassVar[str] = "/responses/input_tokens"

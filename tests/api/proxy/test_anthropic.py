@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 
 from api.proxy.dialects.anthropic import (
-    CONVERSIONS,
     AnthropicDialect,
     Conversions,
     StartTap,
@@ -21,6 +20,7 @@ from api.proxy.dialects.anthropic import (
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic, to_anthropic
 from shared.formats.anthropic import unmarked
+from shared.settings import Settings
 from tests.api.conftest import WINDOW
 from tests.api.proxy.conftest import TASK, Proxy, agent_session, sent_fits, wait_for
 from tests.builders import user
@@ -261,7 +261,7 @@ def test_a_tool_result_after_remembered_messages_is_still_checked() -> None:
 def test_moved_markers_convert_alike_and_come_back_upstream() -> None:
     """A message that held last turn's `cache_control` converts as it does without it, and
     the prompt sent gets the client's markers back on the messages it kept."""
-    dialect = AnthropicDialect()
+    dialect = AnthropicDialect(Settings())
     system = [{"type": "text", "text": "sys", "cache_control": MARK}]
     task = {"role": "user", "content": [{"type": "text", "text": TASK, "cache_control": MARK}]}
     turn1 = [task, *tool_round(0, mark=True)]
@@ -338,11 +338,10 @@ def test_adopted_objects_are_what_the_next_body_converts_to() -> None:
     assert back == resent and all(a is b for a, b in zip(back, resent, strict=True))
 
 
-def test_with_the_cache_off_markers_ride_in_the_conversion(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_the_cache_off_markers_ride_in_the_conversion() -> None:
     """`PREFIT_PROXY_BODY_CACHE_MB=0`: nothing is remembered, the messages convert whole with
     their markers, and a prompt converted back carries them."""
-    monkeypatch.setattr(CONVERSIONS, "max_bytes", 0)
-    dialect = AnthropicDialect()
+    dialect = AnthropicDialect(Settings(proxy_body_cache_mb=0))
     given = [{"role": "user", "content": TASK}, *tool_round(0, mark=True)]
     messages, _ = dialect.transcript({"messages": given}, lambda m: m)
     assert messages == from_anthropic(None, given) and "cache_control" in str(messages)
@@ -371,7 +370,7 @@ def test_the_anthropic_tap_counts_cached_prompt_tokens() -> None:
     )
     tap = StartTap()
     assert tap.keep(start) and tap.prompt_tokens == 100
-    assert AnthropicDialect().prompt_tokens({"usage": usage}) == 100
+    assert AnthropicDialect(Settings()).prompt_tokens({"usage": usage}) == 100
 
 
 def test_source_index_maps_a_converted_message_to_its_anthropic_message() -> None:

@@ -15,6 +15,7 @@ from shared.counting.counters import HeuristicCounter
 from shared.messages import Message, validate
 from shared.service.jobs import SummaryJob
 from shared.service.precompute import run_job
+from shared.settings import Settings
 from shared.summaries.extractive import ExtractiveSummarizer
 from shared.summaries.incremental import summary_message
 from tests.api.conftest import RESERVE, WINDOW
@@ -360,7 +361,7 @@ def test_the_openai_tap_reads_usage_and_drops_only_the_chunk_prefit_asked_for() 
 
 def test_streamed_openai_requests_ask_for_usage_once() -> None:
     """include_usage is added (other stream options kept) unless the client asked for it."""
-    dialect = OpenAIDialect()
+    dialect = OpenAIDialect(Settings())
     body, strip = dialect.streamed({"stream": True, "stream_options": {"x": 1}})
     assert body == {"stream": True, "stream_options": {"x": 1, "include_usage": True}} and strip
     assert dialect.streamed({"stream_options": {"include_usage": True}}) == (None, False)
@@ -371,5 +372,5 @@ def test_legacy_functions_are_counted_as_the_tools_they_are() -> None:
     fn = {"name": "lookup", "parameters": {"type": "object", "properties": {}}}
     tool = {"type": "function", "function": {"name": "other", "parameters": {}}}
     body = {"messages": [user("hi")], "tools": [tool], "functions": [fn]}
-    _, specs = OpenAIDialect().transcript(body, lambda m: list(m))
+    _, specs = OpenAIDialect(Settings()).transcript(body, lambda m: list(m))
     assert specs == [tool, {"type": "function", "function": fn}]

@@ -7,19 +7,12 @@ import anthropic
 import openai
 import pytest
 
-from api.proxy.dialects.openai import OpenAIDialect
-from api.proxy.overflow import (
-    FLOOR,
-    SHRINK,
-    STEP,
-    LearnedWindows,
-    Overflow,
-    anthropic_figures,
-    next_pressure,
-    openai_figures,
-)
+from api.proxy.dialects.anthropic import anthropic_figures
+from api.proxy.dialects.openai import OpenAIDialect, openai_figures
+from api.proxy.overflow import FLOOR, SHRINK, STEP, LearnedWindows, Overflow, next_pressure
 from shared.formats import to_anthropic
 from shared.messages import validate
+from shared.settings import Settings
 from tests.api.conftest import WINDOW
 from tests.api.proxy.conftest import Proxy, agent_session, wait_for
 from tests.builders import chat, user
@@ -167,9 +160,9 @@ def test_compatible_servers_overflow_wordings_are_recognised_with_their_figures(
         210_000, 200_000, None
     )
     error = {"message": "the request exceeds the available context size", "code": None}
-    assert OpenAIDialect().overflow(400, {"error": error}) == Overflow()
+    assert OpenAIDialect(Settings()).overflow(400, {"error": error}) == Overflow()
     error = {"message": "Rate limit reached for requests", "code": None}
-    assert OpenAIDialect().overflow(400, {"error": error}) is None
+    assert OpenAIDialect(Settings()).overflow(400, {"error": error}) is None
 
 
 def test_anthropic_overflow_figures_and_other_errors() -> None:

@@ -62,11 +62,16 @@ def test_openai_and_anthropic_endpoints_get_their_sdks_errors(proxy: Proxy) -> N
 
 def test_other_routes_get_prefits_shape_and_methods_stay_405(proxy: Proxy) -> None:
     """An unknown path is prefit's own NotFound naming the routes; a known path with another
-    method is still 405."""
+    method is still 405, with the methods it takes in `Allow`."""
     r = send(proxy, "GET", "/v1/nothing-here")
     assert r.status_code == 404 and r.json()["error"]["type"] == "NotFound"
     assert "/v1/prepare" in r.json()["error"]["message"]
-    assert send(proxy, "GET", "/v1/prepare").status_code == 405
+    r = send(proxy, "GET", "/v1/prepare")
+    assert (r.status_code, r.headers.get("allow")) == (405, "POST")
+    r = send(proxy, "POST", "/v1/conversations/c")
+    assert (r.status_code, r.headers.get("allow")) == (405, "DELETE, GET, HEAD, PUT")
+    r = send(proxy, "DELETE", "/healthz")
+    assert (r.status_code, r.headers.get("allow")) == (405, "GET, HEAD")
     assert send(proxy, "GET", "/healthz").status_code == 200
 
 

@@ -23,7 +23,7 @@ from shared.commands.demo import DemoOptions, generate_conversation, load_conver
 from shared.commands.redisproc import free_port, reachable
 from shared.errors import InvalidTranscript
 from shared.messages import groups, validate
-from shared.settings import Settings
+from shared.settings import Settings, get_settings
 from tests.conftest import ROOT, needs_transcripts, transcript_files
 from tests.redisbackend import needs_redis_server
 from tests.shared.commands.test_up_logs import start_up
@@ -144,6 +144,23 @@ def test_worker_execs_celery_with_the_settings(monkeypatch: pytest.MonkeyPatch) 
     (argv,) = execed
     assert argv[1:7] == ["-m", "celery", "--quiet", "-A", "worker.app", "worker"]
     assert argv[argv.index("-c") + 1] == "7" and argv[argv.index("-P") + 1] == "threads"
+
+
+def test_api_execs_uvicorn_with_the_structured_log_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prefit api` replaces itself with uvicorn on the given (else the settings') address, its
+    own start lines through prefit's log config, no access log (request.completed is ours)."""
+    execed: list[list[str]] = []
+    monkeypatch.setattr(cli, "_exec", execed.append)
+    cli.main(["api", "--host", "0.0.0.0", "--port", "8123"])
+    cli.main(["api", "--port", "9000"])
+    first, second = execed
+    assert first[1:4] == ["-m", "uvicorn", "api.app:app"]
+    assert first[first.index("--host") + 1 :][:3] == ["0.0.0.0", "--port", "8123"]
+    host = get_settings().host
+    assert second[second.index("--host") + 1 :][:3] == [host, "--port", "9000"]
+    config = Path(first[first.index("--log-config") + 1])
+    assert config.is_file() and "shared.logs.uvicorn_formatter" in config.read_text()
+    assert "--no-access-log" in first
 
 
 def test_worker_takes_a_node_name_or_makes_a_unique_one(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -73,6 +73,8 @@ def test_command_lines_follow_the_settings() -> None:
         "--no-access-log",
         "--log-config",
         str(UVICORN_LOG_CONFIG),
+        "--http",
+        "api.connections:GuardedHttpTools",
     ]
     assert api_argv("h", 1, 3)[-2:] == ["--workers", "3"]
 

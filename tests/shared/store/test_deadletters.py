@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shared.settings import Settings
 from shared.store import DeadLetters, Store, keys
 from shared.store.deadletters import MAX_ERROR_CHARS
 from tests.conftest import RETENTION_S
@@ -39,3 +40,14 @@ def test_empty_and_other_tenants(store: Store, tenant: str) -> None:
     store.dead_letters.add(tenant, "c", "t", "e", 1)
     assert store.dead_letters.list(tenant + "-b") == []
     assert store.dead_letters.list(tenant, limit=0) == []
+
+
+def test_store_keeps_settings_dead_letters_max(redis_url: str, tenant: str) -> None:
+    """`Store.from_url` bounds each tenant's dead letters by `Settings.dead_letters_max`."""
+    store = Store.from_url(redis_url, Settings(retention_s=RETENTION_S, dead_letters_max=2))
+    try:
+        for i in range(4):
+            store.dead_letters.add(tenant, "c", f"task-{i}", "boom", 1)
+        assert [d.task_id for d in store.dead_letters.list(tenant)] == ["task-3", "task-2"]
+    finally:
+        store.close()
