@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     precompute_at: float = 0.1  # start summarizing at (trigger - precompute_at) x budget
     chunk_tokens: int = 24000
     max_summary_tokens: int = 1200
+    index_share: float = Field(default=0.1, ge=0.0, le=0.5)  # the artifact index's share
     keep_tokens_ratio: float = 0.4
 
     # store
