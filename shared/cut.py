@@ -36,7 +36,7 @@ from typing import Any
 from shared.counting.calibration import CalibratedCounter, ScaledCounter, scale
 from shared.counting.counters import CachedCounter
 from shared.counting.protocol import MessageCounter
-from shared.messages import Message, ToolSpec, groups, is_request, tail_start, within
+from shared.messages import Message, ToolSpec, groups, is_request, tail_start, thinking_turns
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -121,7 +121,7 @@ class Ledger:
                 self.clearable.append(i)
                 saved = size - base.count_message({**m, "content": placeholder})
             self.cum_saved.append(self.cum_saved[-1] + saved)
-        inside, self.opened = within(messages, start, self.opened)
+        inside, self.opened = thinking_turns(messages, start, self.opened)
         self.inside.extend(inside)
         self._regroup(messages)
 

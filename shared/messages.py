@@ -30,7 +30,7 @@ Two facts every strategy reads the same way, defined here once:
   Anthropic would refuse the client's own request. Other providers tie items only within
   one message, which a cut never splits: a Responses `reasoning` item to the item after it
   (shared/formats/responses.py puts a turn's items in one assistant message), a Gemini
-  `thoughtSignature` to its own part. `within(msgs)` says which positions lie inside a
+  `thoughtSignature` to its own part. `thinking_turns(msgs)` says which positions lie inside a
   thinking turn, `cut_before(msgs, i)` where the latest cut at or before `i` may fall.
 """
 
@@ -152,7 +152,9 @@ def thinks(m: Mapping[str, Any]) -> bool:
     )
 
 
-def within(msgs: Sequence[Message], start: int = 0, opened: int = -1) -> tuple[list[int], int]:
+def thinking_turns(
+    msgs: Sequence[Message], start: int = 0, opened: int = -1
+) -> tuple[list[int], int]:
     """For each of `msgs[start:]`, the start of the thinking turn it lies inside, -1 when a
     cut right before it splits none (a turn's own first message included); and the start of
     the turn still open after the last message (-1: none).

@@ -13,7 +13,7 @@ from shared.counting.protocol import MessageCounter
 from shared.errors import ConfigError
 from shared.hashing import prefix_hashes
 from shared.head import Head
-from shared.messages import Message, ToolSpec, within
+from shared.messages import Message, ToolSpec, thinking_turns
 from shared.strategies.origins import recover
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.summarizers import Summarizer
@@ -147,14 +147,14 @@ class Work:
     # the list `origin` was last known to describe: (list, ids, items, origin)
     _aligned: tuple[list[Message], list[int], list[Message], list[int]] | None = None
     sizes: SizeMemo = field(default_factory=SizeMemo)
-    _within: list[int] | None = None
+    _turns: list[int] | None = None
 
     def inside(self) -> list[int]:
         """For each position of the transcript, the start of the thinking turn it lies
-        inside, -1 for none (`shared.messages.within`), found once per call."""
-        if self._within is None:
-            self._within = within(self.transcript)[0]
-        return self._within
+        inside, -1 for none (`shared.messages.thinking_turns`), found once per call."""
+        if self._turns is None:
+            self._turns = thinking_turns(self.transcript)[0]
+        return self._turns
 
     @property
     def bound(self) -> int:

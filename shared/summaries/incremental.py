@@ -15,7 +15,7 @@ from typing import NoReturn
 from shared.counting.protocol import MessageCounter
 from shared.errors import ConfigError, ContextLengthExceeded, RangeTooLong
 from shared.hashing import prefix_hashes
-from shared.messages import Message, groups, within
+from shared.messages import Message, groups, thinking_turns
 from shared.summaries.artifacts import INDEX_CHARS_PER_TOKEN, ArtifactIndex, narrative
 from shared.summaries.book import SummaryRecord
 from shared.summaries.summarizers import Summarizer
@@ -64,7 +64,7 @@ def plan_cut(
     always kept, even when it alone exceeds `keep_tokens`, and so is the thinking turn it
     starts inside.
     """
-    inside = within(transcript)[0]
+    inside = thinking_turns(transcript)[0]
     end = tail_start
     if end < len(inside) and inside[end] >= 0:
         end = inside[end]

@@ -8,7 +8,7 @@ from typing import Any
 from shared.counting.protocol import TokenCounter
 from shared.errors import DoesNotFit
 from shared.formats.anthropic import to_anthropic
-from shared.messages import Message, groups, is_request, validate, within
+from shared.messages import Message, groups, is_request, thinking_turns, validate
 from shared.policy import ContextPolicy, Prepared
 from shared.strategies.drop import drop_marker
 
@@ -154,7 +154,7 @@ def check_thinking(transcript: Sequence[Message], out: Sequence[Message]) -> Non
     """Every thinking turn (shared/messages.py) is kept whole or not at all, and, sent to
     Anthropic, every assistant turn the prompt holds starts with its thinking block, the
     final one included (the transcripts given open every turn with one, as thinking does)."""
-    inside, _ = within(transcript)
+    inside, _ = thinking_turns(transcript)
     turns: dict[int, list[int]] = {}
     for i, start in enumerate(inside):
         if start >= 0:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from shared.errors import InvalidRequest, InvalidTranscript
 from shared.formats.anthropic import from_anthropic
 from shared.head import head_end
-from shared.messages import cut_before, groups, is_request, thinks, validate, within
+from shared.messages import cut_before, groups, is_request, thinking_turns, thinks, validate
 from tests.builders import calling, tool_call
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
 from tests.shared.generated import REMINDER, thinking_sessions
@@ -317,11 +317,11 @@ def test_a_thinking_turn_runs_from_its_first_thinking_step_to_the_next_request()
         ],
     )
     assert [thinks(m) for m in msgs] == [i == 2 for i in range(10)]
-    inside, opened = within(msgs)
+    inside, opened = thinking_turns(msgs)
     assert inside == [-1, -1, -1, 2, 2, 2, 2, 2, 2, -1] and opened == -1
     assert [cut_before(msgs, i) for i in range(11)] == [0, 1, 2, 2, 2, 2, 2, 2, 2, 9, 10]
-    assert within(msgs[:6]) == ([-1, -1, -1, 2, 2, 2], 2)
-    assert within(msgs, 6, opened=2)[0] == [2, 2, 2, -1]
+    assert thinking_turns(msgs[:6]) == ([-1, -1, -1, 2, 2, 2], 2)
+    assert thinking_turns(msgs, 6, opened=2)[0] == [2, 2, 2, -1]
 
 
 def test_a_responses_reasoning_item_opens_no_thinking_turn() -> None:
@@ -335,12 +335,12 @@ def test_a_responses_reasoning_item_opens_no_thinking_turn() -> None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(thinking_sessions())
 def test_the_two_readings_of_thinking_turns_agree(session: tuple[Any, Any]) -> None:
-    """`within` read in one pass, in two at any split, and `cut_before` read backwards
+    """`thinking_turns` read in one pass, in two at any split, and `cut_before` read backwards
     place the same cuts."""
     msgs = from_anthropic(*session)
-    inside, _ = within(msgs)
+    inside, _ = thinking_turns(msgs)
     for split in range(len(msgs) + 1):
-        head, opened = within(msgs[:split])
-        assert head + within(msgs, split, opened)[0] == inside
+        head, opened = thinking_turns(msgs[:split])
+        assert head + thinking_turns(msgs, split, opened)[0] == inside
     for i in range(len(msgs)):
         assert cut_before(msgs, i) == (inside[i] if inside[i] >= 0 else i)
