@@ -30,7 +30,8 @@ Two facts every strategy reads the same way, defined here once:
   Anthropic would refuse the client's own request. Other providers tie items only within
   one message, which a cut never splits: a Responses `reasoning` item to the item after it
   (shared/formats/responses.py puts a turn's items in one assistant message), a Gemini
-  `thoughtSignature` to its own part. `thinking_turns(msgs)` says which positions lie inside a
+  `thoughtSignature` to its own part (Gemini's `thought` parts ride as `thinking` parts, so
+  its tool loops get the rule all the same). `thinking_turns(msgs)` says which positions lie inside a
   thinking turn, `cut_before(msgs, i)` where the latest cut at or before `i` may fall.
 """
 
