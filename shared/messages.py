@@ -31,8 +31,9 @@ Two facts every strategy reads the same way, defined here once:
   one message, which a cut never splits: a Responses `reasoning` item to the item after it
   (shared/formats/responses.py puts a turn's items in one assistant message), a Gemini
   `thoughtSignature` to its own part (Gemini's `thought` parts ride as `thinking` parts, so
-  its tool loops get the rule all the same). `thinking_turns(msgs)` says which positions lie inside a
-  thinking turn, `cut_before(msgs, i)` where the latest cut at or before `i` may fall.
+  its tool loops get the rule all the same). `thinking_turns(msgs)` says which positions
+  lie inside a thinking turn, `cut_before(msgs, i)` where the latest cut at or before `i`
+  may fall.
 """
 
 from __future__ import annotations
