@@ -328,6 +328,7 @@ class CompactRelay(Relay):
             raise InvalidRequest(f"prefit cannot compact this input: {self.label}")
         compacted = await self._compacted(fit)
         self.label = f"compacted ({compacted.how})"
+        self.rec.tokens_after = compacted.tokens_after
         self.headers_out[HEADER] = compacted.how
         self._settle()
         if compacted.record is not None:
