@@ -2,7 +2,10 @@
 
 Fitted: `POST /v1/chat/completions` (api/proxy/dialects/openai.py), `POST /v1/messages` and
 its `/count_tokens` (dialects/anthropic.py), `POST /v1/responses` and its `/input_tokens`
-(dialects/responses.py), each relayed by api/proxy/relay.py. They take the provider's own
+(dialects/responses.py), Gemini's `POST /v1beta/models/{model}:generateContent`,
+`:streamGenerateContent` and `:countTokens` (dialects/gemini.py; also under `/v1` and
+`/v1alpha`), each relayed by api/proxy/relay.py; `POST /v1/responses/compact` is answered
+by prefit itself (api/proxy/compaction.py). They take the provider's own
 request body and answer the provider's own response, so they stay out of prefit's OpenAPI
 schema (docs/api.md, "Drop-in proxy", documents them). Errors of prefit itself (no or a
 wrong key, a body that is not a JSON object, a bad conversation header) are shaped as the
@@ -13,7 +16,7 @@ Passed through unfitted (`forward`), or refused: clients pointed at prefit by a 
 models at start-up (`GET /v1/models`, also Anthropic's, told apart by the
 `anthropic-version` header its SDK always sends) and embed through the same base URL
 (`POST /v1/embeddings`), and Responses clients read and delete the responses the provider
-stored, cancel background ones and compact (`/v1/responses/{id}`, ...). Those have no
+stored and cancel background ones (`/v1/responses/{id}`, ...). Those have no
 conversation to fit: they go to the provider as they came (the deployment's key in place of
 prefit's), and its answer comes back as it is. Other provider endpoints (legacy
 completions, stored chat completions, ...) are answered with a 404 in the provider's error
@@ -30,7 +33,7 @@ shapes its errors: Gemini's (`{"error": {"code", "message", "status"}}`) for its
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -39,9 +42,12 @@ from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
 from api.codec import dumps
+from api.deadline import upstream_wait
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
+from api.proxy.compaction import CompactRelay
 from api.proxy.dialects import Dialect
+from api.proxy.dialects.gemini import VERSIONS, GeminiRelay, keyed
 from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesRelay
 from api.proxy.identity import identify
 from api.proxy.relay import CountRelay, Relay
@@ -56,8 +62,9 @@ fallback = APIRouter()
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 SERVED = (
-    "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/models, "
-    "/v1/embeddings"
+    "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), "
+    "/v1beta/models/{model}:generateContent, :streamGenerateContent and :countTokens "
+    "(Gemini), /v1/models, /v1/embeddings"
 )
 OWN_API = "/v1/prepare, /v1/conversations/... (prefit's own API, docs/api.md)"
 
@@ -115,15 +122,44 @@ async def responses_input_tokens(request: Request) -> Response:
 
 
 @router.post("/v1/responses/compact", include_in_schema=False)
+async def responses_compact(request: Request) -> Response:
+    """OpenAI's compaction, answered by prefit from the summary made ahead, never forwarded
+    (api/proxy/compaction.py)."""
+    return await proxy(request, proxy_services(request).responses, CompactRelay)
+
+
 @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)
 @router.get("/v1/responses/{response_id}/input_items", include_in_schema=False)
 @router.post("/v1/responses/{response_id}/cancel", include_in_schema=False)
 async def responses_stored(request: Request) -> Response:
-    """The provider's stored responses (retrieve, delete, input items, cancel) and its
-    compaction: passed through, there is nothing prefit could fit."""
+    """The provider's stored responses (retrieve, delete, input items, cancel): passed
+    through, there is nothing prefit could fit."""
     path = request.url.path.removeprefix("/v1")
     openai = proxy_services(request).openai
     return await _shaped(request, openai, forward(request, openai, path))
+
+
+@router.post("/{version}/models/{model}:generateContent", include_in_schema=False)
+@router.post("/{version}/models/{model}:streamGenerateContent", include_in_schema=False)
+async def gemini_generate(request: Request, version: str) -> Response:
+    """Gemini's generateContent (streamed with `alt=sse` or not), the contents fitted."""
+    return await _gemini(request, version, GeminiRelay)
+
+
+@router.post("/{version}/models/{model}:countTokens", include_in_schema=False)
+async def gemini_count_tokens(request: Request, version: str) -> Response:
+    """Gemini's token count of the contents as prefit would send them (fitted, then counted)."""
+    return await _gemini(request, version, CountRelay)
+
+
+async def _gemini(request: Request, version: str, relay_type: Callable[..., Relay]) -> Response:
+    found = proxy_services(request)
+    if version not in VERSIONS:
+        return unknown_route(request, found.openai, found.anthropic)
+    headers = keyed(request.headers, request.url.query)  # `?key=` is the caller's key too
+    dialect = found.gemini
+    answer = _relayed(request, dialect, relay_type, model_required=False, headers=headers)
+    return await _shaped(request, dialect, answer)
 
 
 @router.get("/v1/models", include_in_schema=False)
@@ -197,17 +233,22 @@ async def proxy(
 
 
 async def _relayed(
-    request: Request, dialect: Dialect, relay_type: Callable[..., Relay], model_required: bool
+    request: Request,
+    dialect: Dialect,
+    relay_type: Callable[..., Relay],
+    model_required: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> Response:
     svc: Services = request.app.state.services
     found = proxy_services(request)
     rec = request_log(request)
-    caller = identify(request.headers, svc.keyring, svc.settings)
+    headers = request.headers if headers is None else headers
+    caller = identify(headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
     body, learn = _object(found, raw, caller.tenant, model_required)
     asked = dialect.asked(request.url.path, request.url.query, body)
-    relay = relay_type(svc, found, dialect, asked, caller, body, raw, request.headers, rec)
+    relay = relay_type(svc, found, dialect, asked, caller, body, raw, headers, rec)
     answer = await relay.run()
     if learn:  # after the answer and its sync: where this body's messages end, for the next
         relay.background.add_task(found.bodies.remember, caller.tenant, raw, body)
@@ -270,9 +311,10 @@ async def forward(request: Request, dialect: Dialect, path: str) -> Response:
         headers.pop("content-type")
     query = f"?{request.url.query}" if request.url.query else ""
     try:
-        answer = await proxy_services(request).clients.request(
-            dialect.upstream, request.method, path + query, headers, body
-        )
+        async with upstream_wait():  # the provider's time, not prefit's deadline
+            answer = await proxy_services(request).clients.request(
+                dialect.upstream, request.method, path + query, headers, body
+            )
     except httpx.TransportError as exc:
         status, message = upstream_failure(exc, dialect.name, rec)
         return Response(

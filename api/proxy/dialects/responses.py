@@ -22,6 +22,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fastapi import Response
+
+from api.codec import dumps
+from api.proxy.compaction import HEADER, CompactRelay, expand, server_state, triggered
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
@@ -31,7 +35,6 @@ from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
 from shared.messages import Message, ToolSpec
 
-STATE_FIELDS = ("previous_response_id", "conversation")
 # what a stream sends before the model's output starts (or it fails)
 _PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _EVENT = re.compile(rb"^event:[ \t]*(\S+)", re.M)
@@ -108,15 +111,20 @@ def event_type(event: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def server_state(body: Mapping[str, Any]) -> str | None:
-    """The field by which `body` continues state held by the provider, if any."""
-    return next((f for f in STATE_FIELDS if body.get(f) not in (None, "")), None)
-
-
 class ResponsesRelay(Relay):
     """One `POST /v1/responses`: fitted unless it continues server-side state."""
 
+    async def run(self) -> Response:
+        if triggered(self.body):  # Codex's compaction turn: answered by prefit
+            return await CompactRelay.triggered_by(self).run()
+        return await super().run()
+
     async def _first_fit(self) -> Fit | None:
+        expanded = await expand(self.svc, self.caller.tenant, self.body)
+        if expanded is not None:  # prefit's compaction items: the provider never sees them
+            self.body, self.raw = expanded.body, dumps(expanded.body)
+            self.headers = expanded.named(self.headers)
+            self.headers_out[HEADER] = expanded.outcome
         state = server_state(self.body)
         if state is not None:
             return self._skip(f"server-side state: {state}")

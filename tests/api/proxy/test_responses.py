@@ -381,22 +381,26 @@ def test_input_tokens_without_a_model_are_counted_unfitted(proxy: Proxy) -> None
     assert got.body == {"input": "hello there"}
 
 
-def test_stored_responses_and_compaction_pass_through(proxy: Proxy) -> None:
-    """Retrieve, delete, input items, cancel and compact reach the provider unchanged."""
+def test_stored_responses_pass_through(proxy: Proxy) -> None:
+    """Retrieve, delete, input items and cancel reach the provider unchanged; a compaction
+    that continues the provider's stored state does too (prefit cannot read that state)."""
     client = sdk(proxy)
     assert client.responses.retrieve("resp_1").id == "resp_1"
     assert [i.id for i in client.responses.input_items.list("resp_1")] == ["msg_1"]
     assert client.responses.cancel("resp_1").status == "cancelled"
     client.responses.delete("resp_1")
-    compacted = client.responses.compact(model=proxy.model, input="long history")
-    assert compacted.output[0].type == "compaction"
+    compacted = client.responses.with_raw_response.compact(
+        model=proxy.model, previous_response_id="resp_1"
+    )
+    assert compacted.parse().output[0].type == "compaction"
+    assert compacted.headers["x-prefit-fit"] == "skipped (server-side state: previous_response_id)"
     got = proxy.fake.received
-    assert [(r.path, r.body.get("input")) for r in got] == [
+    assert [(r.path, r.body.get("previous_response_id")) for r in got] == [
         ("/v1/responses/resp_1", None),
         ("/v1/responses/resp_1/input_items", None),
         ("/v1/responses/resp_1/cancel", None),
         ("/v1/responses/resp_1", None),
-        ("/v1/responses/compact", "long history"),
+        ("/v1/responses/compact", "resp_1"),
     ]
     assert {r.headers["authorization"] for r in got} == {"Bearer sk-upstream-openai"}
 
