@@ -29,6 +29,7 @@ from api.deps import Services, get_tenant
 from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
+from api.metrics import ShareCollector
 from api.proxy import routes as proxy_routes
 from api.proxy.services import ProxyServices
 from api.requestlog import RequestLogger
@@ -66,6 +67,8 @@ def create_app(
     chosen = settings if settings is not None else get_settings()
     services = Services.build(chosen, store=store, enqueue=enqueue)
     proxy = ProxyServices.build(chosen)
+    share = proxy.clients.share
+    services.metrics.watch_share(ShareCollector(share.counts, share.cap))
     owns_store = store is None
 
     @asynccontextmanager

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass

@@ -432,7 +432,11 @@ class Relay:
             started = time.perf_counter()
             try:
                 upstream = await self.proxy.clients.send(
-                    self.dialect.upstream, self._upstream_headers(), body, self.asked.endpoint
+                    self.dialect.upstream,
+                    self._upstream_headers(),
+                    body,
+                    self.asked.endpoint,
+                    tenant=self.caller.tenant,
                 )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
@@ -740,6 +744,7 @@ class CountRelay(Relay):
                 self.asked.endpoint,
                 self._upstream_headers(),
                 self._body(fit),
+                tenant=self.caller.tenant,
             )
         except httpx.TransportError as exc:
             return self._unreachable(exc, fit)
