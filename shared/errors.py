@@ -91,6 +91,14 @@ class StoreUnavailable(PrefitError):
     """Redis (store or broker) cannot be reached right now."""
 
 
+class NotReplicated(StoreUnavailable):
+    """A write reached the primary but not enough replicas in time: it may have landed."""
+
+
+class StoreFormatUnknown(StoreUnavailable):
+    """A stored message is in a format this version cannot read (a newer prefit wrote it)."""
+
+
 class ServiceUnavailable(PrefitError):
     """The prefit service itself cannot be reached (client side)."""
 

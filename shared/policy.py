@@ -34,6 +34,7 @@ from shared.strategies import (
     Work,
 )
 from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
+from shared.strategies.summarize import INDEX_SHARE
 from shared.strategies.work import SizeMemo, check_pressure, measure
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.incremental import plan_cut, summary_message
@@ -109,9 +110,9 @@ class ContextPolicy:
       False: the head is the leading system/developer messages only;
     - precompute_at: from (trigger - precompute_at) x budget on, `state` says "nearing"
       and `plan_summary` plans records ahead of the trigger (0.1; within [0, trigger));
-    - keep_tokens_ratio, chunk_tokens, max_summary_tokens: the default Summarize step's
-      settings (0.4, 24000, 1200: see `Summarize`). `plan_summary` cuts with the
-      `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
+    - keep_tokens_ratio, chunk_tokens, max_summary_tokens, index_share: the default
+      Summarize step's settings (0.4, 24000, 1200, 0.1: see `Summarize`). `plan_summary`
+      cuts with the `keep_tokens_ratio` of the first Summarize in `strategies`, else this one;
     - remembered: how many conversations' validated transcripts and measurements `prepare`
       remembers (64; see its `conversation`).
     """
@@ -134,6 +135,7 @@ class ContextPolicy:
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
         remembered: int = 64,
+        index_share: float = INDEX_SHARE,
     ) -> None:
         _check(max_input_tokens, reserve_output, trigger, target, keep_recent, precompute_at)
         self.max_input_tokens = max_input_tokens
@@ -156,6 +158,7 @@ class ContextPolicy:
             keep_tokens_ratio=keep_tokens_ratio,
             chunk_tokens=chunk_tokens,
             max_summary_tokens=max_summary_tokens,
+            index_share=index_share,
         )
         self.strategies: list[Strategy] = (
             list(strategies)
@@ -561,14 +564,46 @@ class ContextPolicy:
             return None
         growth = max(0, int(self.trigger * budget) - tokens)
         keep = max(0, int(self.summarize_params.keep_tokens_ratio * budget) - growth)
+        room = max(0, self._keep_tokens(built[:head], budget, tools, model) - growth)
         cut = plan_cut(
             transcript, start=start, tail_start=tail, counter=self.counter, model=model,
-            keep_tokens=keep,
+            keep_tokens=room,
         )  # fmt: skip
+        if room < keep and not self._worth(transcript[start:cut], record, budget, model):
+            cut = plan_cut(
+                transcript, start=start, tail_start=tail, counter=self.counter, model=model,
+                keep_tokens=keep,
+            )  # fmt: skip
         if cut <= start:
             return None
         cut_hash = hashes[cut] if hashes is not None else prefix_hash(transcript[:cut])
         return SummaryPlan(start=head, cut=cut, previous=record, prefix_hash=cut_hash)
+
+    def _keep_tokens(
+        self, head: Sequence[Message], budget: int, tools: Sequence[ToolSpec], model: str | None
+    ) -> int:
+        """The tail a new record leaves: `keep_tokens_ratio x budget`, less when the head and
+        the largest summary would not leave that much under the target (a small window with
+        a long system prompt: otherwise each record lands near the trigger, and the prompts
+        after it are served stale)."""
+        params = self.summarize_params
+        summary = params.summary_tokens(budget) + params.index_tokens(budget)
+        room = int(self.target * budget) - self.counter.count(head, tools, model) - summary
+        return max(0, min(int(params.keep_tokens_ratio * budget), room))
+
+    def _worth(
+        self,
+        span: Sequence[Message],
+        record: SummaryRecord | None,
+        budget: int,
+        model: str | None,
+    ) -> bool:
+        """Whether folding `span` into `record` saves more than the summary could grow by
+        (else a large head with a small rest would be summarized into no smaller a prompt)."""
+        params = self.summarize_params
+        largest = params.summary_tokens(budget) + params.index_tokens(budget)
+        grows = largest - (record.tokens if record is not None else 0)
+        return sum(self.counter.count_message(m, model) for m in span) >= grows
 
     def summary_due(self, transcript: Sequence[Message], **plan: Any) -> bool:
         """Whether the workers could write a better record now: `plan_summary(transcript,

@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     precompute_at: float = 0.1  # start summarizing at (trigger - precompute_at) x budget
     chunk_tokens: int = 24000
     max_summary_tokens: int = 1200
+    index_share: float = Field(default=0.1, ge=0.0, le=0.5)  # the artifact index's share
     keep_tokens_ratio: float = 0.4
 
     # store
@@ -69,6 +70,9 @@ class Settings(BaseSettings):
     redis_socket_timeout_s: float = 2.0
     redis_connect_timeout_s: float = 1.0
     dead_letters_max: int = Field(default=1000, ge=1)  # dead letters kept per tenant
+    # replicas that must have a write before it is acknowledged; None: 1 where the primary
+    # has a healthy replica, else none (shared/store/replication.py, docs/scaling.md)
+    redis_min_replicas_ack: int | None = Field(default=None, ge=0)
     redis_max_connections: int = 512
     # a job's lease on its conversation, renewed every ttl/3 while it runs: a worker that dies
     # mid-job gives it up (and the reaper sends the job again) within this (docs/scaling.md)
@@ -124,6 +128,9 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: SecretStr | None = None
+    # the key sealing the compaction items prefit answers /v1/responses/compact with
+    # (api/proxy/compaction.py); unset, one derived from the keys above and PREFIT_API_KEYS
+    compaction_secret: SecretStr | None = None
     # opt-in: forward each client's own provider key (see docs/api.md, "Provider keys")
     proxy_forward_client_keys: bool = False
     upstream_connect_timeout_s: float = 5.0

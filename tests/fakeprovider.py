@@ -89,12 +89,16 @@ class FakeProvider:
         words: Sequence[str] = WORDS,
         event_delay: float = 0.0,
         record: bool = True,
+        compaction: bool = True,
     ) -> None:
         self.limit_tokens = limit_tokens
         self.scale = scale
         self.words = tuple(words)
         self.event_delay = event_delay
         self.record = record
+        # False: an upstream without OpenAI's compaction (vLLM, Ollama, a gateway): no
+        # /v1/responses/compact route (a plain 404) and a `compaction` input item refused
+        self.compaction = compaction
         # a streamed Responses request over the window is refused inside a 200 stream, by a
         # `response.failed` event (recorded as a 400), as OpenAI may do
         self.overflow_in_stream = False
@@ -107,7 +111,7 @@ class FakeProvider:
                 Route("/v1/chat/completions", self._openai, methods=["POST"]),
                 Route("/v1/responses", self._responses, methods=["POST"]),
                 Route("/v1/responses/input_tokens", self._responses_count, methods=["POST"]),
-                Route("/v1/responses/compact", self._stored, methods=["POST"]),
+                *([Route("/v1/responses/compact", self._stored, methods=["POST"])] * compaction),
                 Route("/v1/responses/{rid}", self._stored, methods=["GET", "DELETE"]),
                 Route("/v1/responses/{rid}/input_items", self._stored, methods=["GET"]),
                 Route("/v1/responses/{rid}/cancel", self._stored, methods=["POST"]),
@@ -218,6 +222,8 @@ class FakeProvider:
             reply = self._script.pop(0) if self._script else None
         if reply is None and self.limit_tokens is not None and tokens > self.limit_tokens:
             reply = Reply(400, overflow=True, limit=self.limit_tokens)
+        if reply is None and protocol == "responses" and not self.compaction:
+            reply = _unknown_items(body)
         status = reply.status if reply is not None else 200
         self._note(protocol, request, body, status)
         in_stream = protocol == "responses" and body.get("stream") is True
@@ -260,6 +266,20 @@ class FakeProvider:
             if not done:
                 with self._lock:
                     self.cancelled += 1
+
+
+def _unknown_items(body: Mapping[str, Any]) -> Reply | None:
+    """The 400 of an upstream that has no compaction for an input holding a compaction item
+    (vLLM's Responses API validates `input` against the item types it knows)."""
+    items = body.get("input")
+    if not isinstance(items, list):
+        return None
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get("type") == "compaction":
+            message = f"input[{i}]: unknown input item type 'compaction'"
+            error = {"message": message, "type": "invalid_request_error", "param": f"input[{i}]"}
+            return Reply(400, body={"error": {**error, "code": None}})
+    return None
 
 
 def _sse(event: dict[str, Any] | str) -> bytes:
@@ -508,8 +528,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fake OpenAI + Anthropic provider")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8901)
+    parser.add_argument(
+        "--no-compaction", action="store_true", help="no /v1/responses/compact (vLLM, Ollama)"
+    )
     args = parser.parse_args(argv)
-    fake = FakeProvider(record=False)
+    fake = FakeProvider(record=False, compaction=not args.no_compaction)
     uvicorn.run(fake.app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

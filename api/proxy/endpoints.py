@@ -103,4 +103,3 @@ INPUT_ITEMS = Passage(
     "/v1/responses/{response_id}/input_items", frozenset({"after", "include", "limit", "order"})
 )
 CANCEL = Passage("/v1/responses/{response_id}/cancel")
-COMPACT = Passage("/v1/responses/compact")

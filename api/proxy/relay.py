@@ -416,6 +416,7 @@ class Relay:
     guessed: tuple[frozenset[str], tuple[str, ...]] | None = None
     label: str = ""  # x-prefit-fit
     retries: int = 0
+    headers_out: dict[str, str] = field(default_factory=dict)  # more x-prefit-* of a dialect's
 
     def __post_init__(self) -> None:
         self.model = self.asked.model
@@ -698,7 +699,7 @@ class Relay:
     def _prefit_headers(self, fit: Fit | None) -> dict[str, str]:
         self.rec.fit = self.label
         report = fit.report if fit is not None else None
-        out = prefit_headers(self.label, self.retries, self.conv_id, report)
+        out = prefit_headers(self.label, self.retries, self.conv_id, report) | self.headers_out
         if fit is not None and fit.reply is not None:
             out.update(fit.reply.headers())
         return out

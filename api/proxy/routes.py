@@ -2,7 +2,8 @@
 
 Fitted: `POST /v1/chat/completions` (api/proxy/dialects/openai.py), `POST /v1/messages` and
 its `/count_tokens` (dialects/anthropic.py), `POST /v1/responses` and its `/input_tokens`
-(dialects/responses.py), each relayed by api/proxy/relay.py. They take the provider's own
+(dialects/responses.py), each relayed by api/proxy/relay.py; `POST /v1/responses/compact`
+is answered by prefit itself (api/proxy/compaction.py). They take the provider's own
 request body and answer the provider's own response, so they stay out of prefit's OpenAPI
 schema (docs/api.md, "Drop-in proxy", documents them). Errors of prefit itself (no or a
 wrong key, a body that is not a JSON object, a bad conversation header) are shaped as the
@@ -13,7 +14,7 @@ Passed through unfitted (`forward`), or refused: clients pointed at prefit by a 
 models at start-up (`GET /v1/models`, also Anthropic's, told apart by the
 `anthropic-version` header its SDK always sends) and embed through the same base URL
 (`POST /v1/embeddings`), and Responses clients read and delete the responses the provider
-stored, cancel background ones and compact (`/v1/responses/{id}`, ...). Those have no
+stored and cancel background ones (`/v1/responses/{id}`, ...). Those have no
 conversation to fit: each route reaches the one provider endpoint it names, rebuilt from
 validated ids and documented query parameters, never from the raw path
 (api/proxy/endpoints.py); the body (strict JSON) goes as it came, the deployment's key in
@@ -45,16 +46,11 @@ from starlette.routing import Match
 from api.codec import dumps, loads
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
+from api.proxy.compaction import CompactRelay
 from api.proxy.dialects import Dialect
-from api.proxy.dialects.responses import (
-    RESPONSES,
-    ResponsesCountRelay,
-    ResponsesRelay,
-    owned_response,
-)
+from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesRelay
 from api.proxy.endpoints import (
     CANCEL,
-    COMPACT,
     EMBEDDINGS,
     INPUT_ITEMS,
     MODEL,
@@ -63,6 +59,7 @@ from api.proxy.endpoints import (
     Passage,
 )
 from api.proxy.identity import identify
+from api.proxy.owners import RESPONSES, owned_response
 from api.proxy.relay import CountRelay, Relay
 from api.proxy.services import ProxyServices, proxy_services
 from api.proxy.upstream import own_key, passed_back, upstream_failure, upstream_headers
@@ -135,9 +132,9 @@ async def responses_input_tokens(request: Request) -> Response:
 
 @router.post("/v1/responses/compact", include_in_schema=False)
 async def responses_compact(request: Request) -> Response:
-    """The provider's compaction: passed through, there is nothing prefit could fit."""
-    openai = proxy_services(request).openai
-    return await _shaped(request, openai, forward(request, openai, COMPACT))
+    """OpenAI's compaction, answered by prefit from the summary made ahead, never forwarded
+    (api/proxy/compaction.py)."""
+    return await proxy(request, proxy_services(request).responses, CompactRelay)
 
 
 @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)

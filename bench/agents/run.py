@@ -14,6 +14,8 @@ update checks off, bounded by `--timeout`, and always stops what it started.
 Clients (installed outside the repo, see docs/benchmarks.md "Real agent CLIs"):
   claude      Claude Code, `claude -p`, Anthropic Messages via ANTHROPIC_BASE_URL
   codex       current Codex, `codex exec`, wire_api = "responses"
+  codex-openai  the same on Codex's built-in OpenAI provider (`openai_base_url`), whose
+              compaction (with --client-window) is OpenAI's `POST /v1/responses/compact`
   codex-chat  an older Codex that still has wire_api = "chat" (Chat Completions)
   opencode    `opencode run`, an OpenAI-compatible provider (Chat Completions)
   aider       aider's scripting API (bench/agents/aider_session.py) in its own venv
@@ -55,7 +57,7 @@ from shared.commands.redisproc import RedisProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "agent-model"
-CLIS = ("claude", "codex", "codex-chat", "opencode", "aider")  # + "2": two sessions at once
+CLIS = ("claude", "codex", "codex-openai", "codex-chat", "opencode", "aider")  # + "2": two at once
 
 
 @dataclass(frozen=True)
@@ -229,18 +231,27 @@ def codex_argv(
 ) -> list[str]:
     codex_home = session.work / "codex-home"
     codex_home.mkdir(parents=True, exist_ok=True)
+    if wire == "openai":  # the built-in provider: its compaction is OpenAI's endpoint
+        provider = f'model_provider = "openai"\nopenai_base_url = "{run.base}/v1"\n'
+        providers = ""
+        env.update(OPENAI_API_KEY="sk-fake-key", CODEX_API_KEY="sk-fake-key")
+    else:
+        provider = 'model_provider = "bench"\n'
+        providers = (
+            "[model_providers.bench]\n"
+            'name = "bench"\n'
+            f'base_url = "{run.base}/v1"\n'
+            'env_key = "BENCH_API_KEY"\n'
+            f'wire_api = "{wire}"\n'
+            "request_max_retries = 1\n"
+            "stream_max_retries = 1\n"
+        )
     (codex_home / "config.toml").write_text(
         f'model = "{MODEL}"\n'
-        'model_provider = "bench"\n'
-        "check_for_update_on_startup = false\n"
-        "[analytics]\nenabled = false\n"
-        "[model_providers.bench]\n"
-        'name = "bench"\n'
-        f'base_url = "{run.base}/v1"\n'
-        'env_key = "BENCH_API_KEY"\n'
-        f'wire_api = "{wire}"\n'
-        "request_max_retries = 1\n"
-        "stream_max_retries = 1\n"
+        + provider
+        + "check_for_update_on_startup = false\n"
+        + "[analytics]\nenabled = false\n"
+        + providers
     )
     if client_window:  # Codex then compacts on its own near it (90%)
         text = (codex_home / "config.toml").read_text()
@@ -310,6 +321,8 @@ def start_session(run: Run, session: Session, tools: Tools, args: argparse.Names
         argv = claude_argv(run, session, tools, env)
     elif cli == "codex":
         argv = codex_argv(run, session, tools.bin("codex"), "responses", env, args.client_window)
+    elif cli == "codex-openai":
+        argv = codex_argv(run, session, tools.bin("codex"), "openai", env, args.client_window)
     elif cli == "codex-chat":
         old = str(tools.codex_old / ".bin" / "codex")
         argv = codex_argv(run, session, old, "chat", env, args.client_window)

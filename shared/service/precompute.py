@@ -231,6 +231,18 @@ class _Runner:
             log.info("summarizer.breaker_probing", **self.ctx, provider=self.provider)
         return self.progress.probing
 
+    def _summary_tokens(self) -> int:
+        """The summarizer's cap for the window the job plans for (`max_summary_tokens` at most)."""
+        if self.policy is None:
+            return self.settings.max_summary_tokens
+        return self.policy.summarize_params.summary_tokens(self.policy.budget(self.job.model))
+
+    def _index_tokens(self) -> int:
+        """The artifact index's share of the record, for the window the job plans for."""
+        if self.policy is None:
+            return 0
+        return self.policy.summarize_params.index_tokens(self.policy.budget(self.job.model))
+
     async def _build(
         self, held: HeldLease, conv: Conversation, plan: SummaryPlan, counter: MessageCounter
     ) -> Status:
@@ -244,8 +256,9 @@ class _Runner:
             counter=counter,
             model=self.job.model,
             chunk_tokens=self.settings.chunk_tokens,
-            max_summary_tokens=self.settings.max_summary_tokens,
+            max_summary_tokens=self._summary_tokens(),
             hashes=conv.hashes,
+            index_tokens=self._index_tokens(),
         )
         tenant, conv_id = self.job.tenant, self.job.conversation_id
         spent = (built.input_tokens, built.output_tokens)

@@ -32,5 +32,6 @@ def service_policy(
         keep_tokens_ratio=settings.keep_tokens_ratio,
         chunk_tokens=settings.chunk_tokens,
         max_summary_tokens=settings.max_summary_tokens,
+        index_share=settings.index_share,
         remembered=remembered,
     )

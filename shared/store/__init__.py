@@ -30,6 +30,7 @@ from shared.store.deadletters import DeadLetter, DeadLetters
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import HeldLease, Lease
 from shared.store.records import RecordStore
+from shared.store.replication import Replication
 from shared.store.unsent import Unsent, UnsentJob
 from shared.store.usage import Usage, UsageStore
 
@@ -53,6 +54,7 @@ __all__ = [
     "Range",
     "RecordStore",
     "RedisRatios",
+    "Replication",
     "Store",
     "TenantRatios",
     "Ticket",
@@ -85,10 +87,15 @@ class Store:
         retention = settings.retention_s
         backoff, backoff_max = settings.breaker_backoff_s, settings.breaker_backoff_max_s
         leases = Lease(client)
-        records = RecordStore(client, retention_s=retention)
+        replication = Replication(
+            client,
+            min_acks=settings.redis_min_replicas_ack,
+            socket_timeout_s=settings.redis_socket_timeout_s,
+        )
+        records = RecordStore(client, retention_s=retention, replication=replication)
         return cls(
             client=client,
-            conversations=ConversationStore(client, retention_s=retention),
+            conversations=ConversationStore(client, retention_s=retention, replication=replication),
             records=records,
             ratios=RedisRatios(
                 client,

@@ -38,6 +38,7 @@ from shared.logs import get_logger
 from shared.store import keys
 from shared.store.breaker import CLOSED, Breakers, BreakerState, state_of
 from shared.store.client import Client, eval_in, guarded, guarded_once, text, ttl_ms
+from shared.store.compression import unpack
 from shared.store.conversations import Conversation, ConversationMeta, meta_of
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import RELEASE, HeldLease, Lease, check_owner
@@ -130,10 +131,12 @@ class Claims:
             Breakers.read_in(pipe, provider)
         if ticket is not None:
             InFlight.register_in(pipe, ticket, ttl)
+        acks = self._records.replication.wait_in(pipe, ks[0])  # last: the replies keep their places
         replies = pipe.execute()
         reply = replies[0]
         if not reply[0]:
             return Claim(None, holder=text(reply[1]) if reply[1] is not None else None)
+        self._records.replication.check(acks, replies[-1])  # the lease expires if not
         held = HeldLease(
             self._leases, tenant, conv_id, owner, ttl, valid_until=started + ttl, ticket=ticket
         )
@@ -144,7 +147,7 @@ class Claims:
         blocked = text(raw_blocked) if raw_blocked else None
         if not raw_meta:
             return Claim(held, book=book, ratio=ratio, blocked=blocked, breaker=breaker)
-        messages = [json.loads(m) for m in raw_messages]
+        messages = [json.loads(unpack(m)) for m in raw_messages]
         chain = (EMPTY, *(text(h) for h in raw_hashes))
         fields = dict(zip(raw_meta[::2], raw_meta[1::2], strict=True))
         meta = meta_of(conv_id, fields, len(messages))
@@ -180,7 +183,10 @@ class Claims:
         pipe = self._r.pipeline(transaction=False)
         eval_in(pipe, ADD, usage_keys, usage)
         eval_in(pipe, PUT, ks, args)
-        return pipe.execute()[1]
+        acks = self._records.replication.wait_in(pipe, ks[0])
+        replies = pipe.execute()
+        self._records.replication.check(acks, replies[-1])
+        return replies[1]
 
     def release(self, held: HeldLease, *, read: bool = True) -> ConversationMeta | None:
         """Release `held` (and its job's in-flight entry), then read its conversation's

@@ -181,6 +181,12 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 0.4
 _remaining: ContextVar[Callable[[], float] | None] = ContextVar("prefit_retry", default=None)
 
 
+def time_left() -> float:
+    """The seconds a store call starting now may take: what is left of the request's deadline
+    (`retry_within`), else `RETRY_BUDGET_S`."""
+    return _clock()()
+
+
 def retry_within(remaining: Callable[[], float]) -> None:
     """Bound the store's retries in this context (and the tasks and threads it starts) by
     `remaining()`, the seconds left to a deadline."""

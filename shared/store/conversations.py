@@ -33,7 +33,9 @@ from shared.hashing import EMPTY, prefix_hashes
 from shared.messages import Message
 from shared.store import keys, scripts
 from shared.store.client import Client, guarded, guarded_read, text
+from shared.store.compression import unpack
 from shared.store.directory import Directory
+from shared.store.replication import Replication
 from shared.store.writes import Append, Replacement, Writes, conv_keys
 
 
@@ -62,11 +64,18 @@ class ConversationStore:
     """Conversations of every tenant, on one Redis client."""
 
     def __init__(
-        self, client: Client, *, retention_s: float, clock: Callable[[], float] = time.time
+        self,
+        client: Client,
+        *,
+        retention_s: float,
+        clock: Callable[[], float] = time.time,
+        replication: Replication | None = None,
     ) -> None:
         self._r = client
         self._directory = Directory(client, retention_s=retention_s)
-        self.writes = Writes(client, self._directory, retention_s=retention_s, clock=clock)
+        self.writes = Writes(
+            client, self._directory, retention_s=retention_s, clock=clock, replication=replication
+        )
         self._delete = client.register_script(scripts.DELETE)
 
     def append(
@@ -114,7 +123,7 @@ class ConversationStore:
         exists, raw = pipe.execute()
         if not exists:
             raise NotFound(f"conversation {conv_id!r} not found")
-        return [json.loads(m) for m in raw]
+        return [json.loads(unpack(m)) for m in raw]
 
     @guarded_read
     def snapshot(self, tenant: str, conv_id: str) -> Conversation:
@@ -124,7 +133,7 @@ class ConversationStore:
         pipe.lrange(keys.conv_messages(tenant, conv_id), 0, -1)
         pipe.lrange(keys.conv_hashes(tenant, conv_id), 0, -1)
         meta, raw, hashes = pipe.execute()
-        messages = [json.loads(m) for m in raw]
+        messages = [json.loads(unpack(m)) for m in raw]
         chain = (EMPTY, *(text(h) for h in hashes))
         return Conversation(messages, chain, meta_of(conv_id, meta, len(messages)))
 

@@ -29,6 +29,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from shared.hashing import EMPTY
 from shared.store import keys
 from shared.store.client import Client, guarded_read, guarded_read_async, text
+from shared.store.compression import unpack_all
 from shared.store.records import BEST
 from shared.summaries.book import SummaryRecord
 
@@ -163,7 +164,7 @@ def _increment(
         length=length,
         start=start,
         matches=matches,
-        raw=list(raw) if matches else [],
+        raw=unpack_all(raw) if matches else [],
         hashes=[text(h) for h in chain] if matches else [],
         best=_record(best) if best is not None else None,
     )

@@ -20,6 +20,7 @@ from shared.errors import ConfigError, NotFound, StoreUnavailable
 from shared.store import keys
 from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
 from shared.store.directory import Directory
+from shared.store.replication import Replication
 from shared.summaries.book import SummaryBook, SummaryRecord
 
 # KEYS: meta, index, record. ARGV: json, upto, ttl ms, only-if-absent ('1'/'0'), prefix hash.
@@ -74,8 +75,11 @@ return out
 class RecordStore:
     """Summary records of every tenant, on one Redis client."""
 
-    def __init__(self, client: Client, *, retention_s: float) -> None:
+    def __init__(
+        self, client: Client, *, retention_s: float, replication: Replication | None = None
+    ) -> None:
         self._r = client
+        self.replication = replication or Replication.never(client)
         self._ttl = ttl_ms(retention_s)
         self._put = client.register_script(PUT)
         self._best = client.register_script(BEST)
@@ -99,7 +103,7 @@ class RecordStore:
 
     @guarded
     def _run_put(self, ks: list[str], args: list[Any]) -> Any:
-        return self._put(keys=ks, args=args)
+        return self.replication.run(self._put, ks, args)
 
     def publish(
         self, tenant: str, conv_id: str, prefix_hash: str, raw: str | bytes, *, overwrite: bool

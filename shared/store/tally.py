@@ -17,12 +17,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from shared.hashing import EMPTY
 from shared.messages import Message
 from shared.store import keys
 from shared.store.client import Client, guarded, guarded_read, text, ttl_ms
+from shared.store.compression import unpack
 
 # KEYS: tally, info, messages, hashes. ARGV: ttl ms, counter id, hash, head end, n, then n
 # cumulative counts (ARGV[6..5+n]). Written only if the stored messages are still the ones counted.
@@ -103,7 +104,7 @@ class Tally:
             exists=bool(exists),
             length=length,
             last_hash=last_hash,
-            tail=[json.loads(m) for m in raw] if length else [],
+            tail=[json.loads(unpack(m)) for m in raw] if length else [],
             tail_offset=length - len(raw) if length else 0,
             model=text(model) if model is not None else None,
             total=(int(total) if total is not None else 0) if current else None,
@@ -117,7 +118,7 @@ class Tally:
         if stop <= start:
             return []
         raw = self._r.lrange(keys.conv_messages(tenant, conv_id), start, stop - 1)
-        return [json.loads(m) for m in raw]
+        return [json.loads(unpack(cast(bytes, m))) for m in raw]
 
     @guarded_read
     def at(self, tenant: str, conv_id: str, positions: Sequence[int]) -> list[int]:

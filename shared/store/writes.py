@@ -35,7 +35,9 @@ from shared.hashing import EMPTY, canonical, digest_of
 from shared.messages import Message
 from shared.store import keys, scripts
 from shared.store.client import Client, guarded, text, ttl_ms
+from shared.store.compression import pack
 from shared.store.directory import Directory
+from shared.store.replication import Replication
 from shared.summaries.book import SummaryRecord
 
 
@@ -99,8 +101,10 @@ class Writes:
         *,
         retention_s: float,
         clock: Callable[[], float] = time.time,
+        replication: Replication | None = None,
     ) -> None:
         self._directory = directory
+        self._replication = replication or Replication.never(client)
         self._ttl = ttl_ms(retention_s)
         self._clock = clock
         self._append = client.register_script(scripts.APPEND)
@@ -129,11 +133,11 @@ class Writes:
             _opt(a.viewed),
             EMPTY,
             len(encoded),
-            *encoded,
+            *map(pack, encoded),
             *digests,
             *counts,
         ]
-        reply = self._append(keys=conv_keys(tenant, conv_id), args=args)
+        reply = self._replication.run(self._append, conv_keys(tenant, conv_id), args)
         if not reply[0]:
             reason, length, tip = text(reply[1]), int(reply[2]), text(reply[3])
             if reason == "length":
@@ -176,12 +180,12 @@ class Writes:
             _opt(r.upto_max),
             r.hashes[-1],
             len(encoded),
-            *encoded,
+            *map(pack, encoded),
             *r.hashes[1:],
             *cumulative,
         ]
         blocks = [keys.conv_blocked(tenant, conv_id), keys.conv_block_count(tenant, conv_id)]
-        reply = self._replace(keys=[*conv_keys(tenant, conv_id), *blocks], args=args)
+        reply = self._replication.run(self._replace, [*conv_keys(tenant, conv_id), *blocks], args)
         if not reply[0]:
             raise LengthMismatch(int(r.expected_length or 0), int(reply[1]))
         _, length, record, at_upto, at_head, dropped = reply

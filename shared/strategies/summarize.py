@@ -5,6 +5,7 @@ from __future__ import annotations
 from shared.errors import ConfigError
 from shared.logs import get_logger
 from shared.messages import Message
+from shared.strategies.clear import ClearToolResults
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.work import Work
 from shared.summaries.book import SummaryRecord
@@ -13,6 +14,13 @@ from shared.summaries.llm import LLMClient, SummarizeFn
 from shared.summaries.summarizers import FnSummarizer, LLMSummarizer, Summarizer
 
 log = get_logger(__name__)
+
+# the artifact index's share of the budget (bench/artifacts.py measured 0.05-0.2: see
+# docs/benchmarks.md, "What the agent still knows")
+INDEX_SHARE = 0.1
+# the most of the budget the summarizer's text may take: `max_summary_tokens` caps it, and a
+# small window (8k: a 3.9k budget) would otherwise give a third of itself to the narrative
+SUMMARY_SHARE = 0.2
 
 
 class Summarize:
@@ -36,7 +44,10 @@ class Summarize:
     - max_summary_tokens: the `max_tokens` of each summarizer call, the summary's size
       cap (1200);
     - summarize: an async `(prompt, model) -> summary text` to use instead of `client`
-      (it wins when both are given).
+      (it wins when both are given);
+    - index_share: the share of the budget the artifact index served after the summary may
+      take (0.1, within [0, 0.5]; 0: kept in the record, not shown): the summarizer's text
+      keeps `max_summary_tokens`, the index is budgeted by the window it is served in.
     """
 
     def __init__(
@@ -48,11 +59,15 @@ class Summarize:
         chunk_tokens: int = 24000,
         max_summary_tokens: int = 1200,
         summarize: SummarizeFn | None = None,
+        index_share: float = INDEX_SHARE,
     ) -> None:
         if not 0.0 < keep_tokens_ratio < 1.0:
             raise ConfigError(f"keep_tokens_ratio must be within (0, 1), got {keep_tokens_ratio}")
         if chunk_tokens <= 0 or max_summary_tokens <= 0:
             raise ConfigError("chunk_tokens and max_summary_tokens must be positive")
+        if not 0.0 <= index_share <= 0.5:
+            raise ConfigError(f"index_share must be within [0, 0.5], got {index_share}")
+        self.index_share = index_share
         self.keep_tokens_ratio = keep_tokens_ratio
         self.chunk_tokens = chunk_tokens
         self.max_summary_tokens = max_summary_tokens
@@ -64,6 +79,14 @@ class Summarize:
 
     def __repr__(self) -> str:
         return f"Summarize(keep_tokens_ratio={self.keep_tokens_ratio})"
+
+    def summary_tokens(self, budget: int) -> int:
+        """The summarizer's `max_tokens` for a summary served within `budget`."""
+        return max(1, min(self.max_summary_tokens, int(SUMMARY_SHARE * budget)))
+
+    def index_tokens(self, budget: int) -> int:
+        """The artifact index's tokens in a summary served within `budget`."""
+        return int(self.index_share * budget)
 
     @property
     def summarizer(self) -> Summarizer | None:
@@ -97,6 +120,10 @@ class Summarize:
         self._install(work, record)
         work.summary = record
         work.record("Summarize", before, upto=record.upto, prefix_hash=record.prefix_hash)
+        if not work.fits_target():
+            # what the summary does not hold (the agent's findings since) is worth more than
+            # old tool outputs, whose calls stay: clear those before anything is dropped
+            await ClearToolResults(keep_last=0).apply(work)
 
     @staticmethod
     def _fits_with(work: Work, record: SummaryRecord) -> bool:
@@ -127,8 +154,9 @@ class Summarize:
             counter=work.counter,
             model=work.model,
             chunk_tokens=self.chunk_tokens,
-            max_summary_tokens=self.max_summary_tokens,
+            max_summary_tokens=self.summary_tokens(work.limits.budget),
             hashes=work.hashes(),
+            index_tokens=self.index_tokens(work.limits.budget),
         )
         work.new_summaries.append(built.record)
         work.tokens_spent += built.input_tokens + built.output_tokens

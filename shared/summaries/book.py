@@ -10,6 +10,7 @@ from typing import Any
 from shared.errors import InvalidTranscript
 from shared.hashing import prefix_hashes
 from shared.messages import Message
+from shared.summaries.artifacts import ArtifactIndex
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,9 @@ class SummaryRecord:
     - summarizer: the `name` of the summarizer that wrote it (`"extractive"` for the offline
       one, `"<protocol>:<model>"` for the workers' provider);
     - tokens: the summary message's size as its writer counted it;
-    - created_at: when it was written (Unix seconds; 0.0: unknown).
+    - created_at: when it was written (Unix seconds; 0.0: unknown);
+    - artifacts: the artifact index of the range, carried to the next record (None: a record
+      written before there was one; `text` ends with it rendered, see `narrative`).
     """
 
     upto: int
@@ -33,17 +36,25 @@ class SummaryRecord:
     summarizer: str = ""
     tokens: int = 0
     created_at: float = 0.0
+    artifacts: ArtifactIndex | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), ensure_ascii=False, separators=(",", ":"))
+        raw = asdict(self)
+        raw["artifacts"] = self.artifacts.to_data() if self.artifacts is not None else None
+        if self.artifacts is None:
+            del raw["artifacts"]  # as records were before the index: any reader takes it
+        return json.dumps(raw, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, data: str | bytes) -> SummaryRecord:
         raw: Any = json.loads(data)
         if not isinstance(raw, dict):
             raise InvalidTranscript("summary record must be a JSON object")
+        index = raw.pop("artifacts", None)
+        if index is not None and not isinstance(index, dict):
+            raise InvalidTranscript("bad summary record: artifacts must be an object")
         try:
-            return cls(**raw)
+            return cls(**raw, artifacts=ArtifactIndex.from_data(index) if index else None)
         except TypeError as exc:
             raise InvalidTranscript(f"bad summary record: {exc}") from None
 

@@ -93,8 +93,9 @@ class ExtractiveSummarizer:
         self.max_request_chars = max_request_chars
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
+        """`summarize_now` (`index` unused: the index is kept and shown by `build_record`)."""
         return self.summarize_now(previous, messages, max_tokens=max_tokens)
 
     def summarize_now(

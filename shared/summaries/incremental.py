@@ -16,6 +16,7 @@ from shared.counting.protocol import MessageCounter
 from shared.errors import ConfigError, ContextLengthExceeded, RangeTooLong
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
+from shared.summaries.artifacts import INDEX_CHARS_PER_TOKEN, ArtifactIndex, narrative
 from shared.summaries.book import SummaryRecord
 from shared.summaries.summarizers import Summarizer
 
@@ -139,46 +140,60 @@ async def build_record(
     max_summary_tokens: int,
     hashes: Sequence[str] | None = None,
     now: float | None = None,
+    index_tokens: int = 0,
 ) -> Built:
     """Summarize `transcript[start:cut]` (folding `previous`, which must end in [start, cut)).
 
     Long ranges go chunk by chunk; a chunk the provider finds too long is halved and retried.
+    The range's artifact index is folded into the previous record's (no model), shown to the
+    summarizer with each chunk, and rendered after the summary's text in `index_tokens`.
 
     - summarizer: what writes the summary;
     - counter, model: size the chunks and the record's `tokens`;
     - chunk_tokens, max_summary_tokens: as for `Summarize`;
     - hashes: the transcript's `prefix_hashes` when the caller has them;
-    - now: the record's `created_at` (None: the current time).
+    - now: the record's `created_at` (None: the current time);
+    - index_tokens: the rendered index's share of the summary (0: kept, not shown).
     """
     begin = previous.upto if previous is not None else start
     if not start <= begin < cut <= len(transcript):
         raise ConfigError(f"bad summary range [{begin}, {cut}) for {len(transcript)} messages")
-    text = previous.text if previous is not None else None
+    text = narrative(previous.text) if previous is not None else None
+    index = (previous.artifacts if previous is not None else None) or ArtifactIndex()
     pending = _chunks(transcript, begin, cut, counter, model, chunk_tokens)
     spent_in = spent_out = calls = 0
     cost = 0.0
     while pending:
         a, b = pending.popleft()
         calls += 1
+        chunk_index = index.fold(transcript[a:b], a)
+        shown = chunk_index.render(index_tokens * INDEX_CHARS_PER_TOKEN) if index_tokens else ""
         try:
-            done = await summarizer.summarize(text, transcript[a:b], max_tokens=max_summary_tokens)
+            done = await summarizer.summarize(
+                text, transcript[a:b], max_tokens=max_summary_tokens, index=shown
+            )
         except ContextLengthExceeded as exc:
             halves = _halve(transcript, a, b)
             if halves is None:
                 _too_long(transcript[a:b], (a, b), counter, model, chunk_tokens, exc)
             pending.extendleft(reversed(halves))
             continue
-        text = done.text
+        text, index = done.text, chunk_index
         spent_in, spent_out = spent_in + done.input_tokens, spent_out + done.output_tokens
         cost += done.cost
     chain = hashes if hashes is not None else prefix_hashes(transcript[:cut])
-    provisional = SummaryRecord(upto=cut, prefix_hash=chain[cut], text=text or "")
+    text = text or ""
+    rendered = index.render(index_tokens * INDEX_CHARS_PER_TOKEN, shown=text)
+    if rendered:
+        text = f"{text}\n\n{rendered}"
+    provisional = SummaryRecord(upto=cut, prefix_hash=chain[cut], text=text)
     record = SummaryRecord(
         upto=cut,
         prefix_hash=chain[cut],
-        text=text or "",
+        text=text,
         summarizer=summarizer.name,
         tokens=counter.count_message(summary_message(provisional, start), model),
         created_at=time.time() if now is None else now,
+        artifacts=index,
     )
     return Built(record, spent_in, spent_out, cost, calls)

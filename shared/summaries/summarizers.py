@@ -22,16 +22,22 @@ from shared.summaries.llm import Completion, LLMClient, SummarizeFn
 INSTRUCTIONS = (
     "You maintain the running summary of a long conversation between a user and an AI "
     "assistant that uses tools. Another model will continue the conversation from your summary "
-    "plus the most recent messages, without seeing the messages you summarize. Keep: the user's "
-    "task and every requirement or constraint they stated; decisions made and why; files, "
-    "commands, identifiers and values that later steps depend on; what was tried and failed; the "
-    "current state and open items. Drop pleasantries, repeated output and anything superseded. "
-    "Write terse plain text with short headed sections. Fold the previous summary into the new "
-    "one: the result must replace both. The user's own messages (labelled `user:`, not tool "
-    "results and not `user (context handed over):`) are the last thing to give up: quote them "
-    "verbatim, oldest first, in a section headed `User messages:`, one per line. Always keep the "
-    "first and the latest of them; keep the others while they fit in half the summary, dropping "
-    "the oldest after the first and writing `(N earlier messages omitted)` in their place."
+    "plus the most recent messages, without seeing the messages you summarize. Write terse "
+    "plain text in these sections, in this order:\n"
+    "Task and instructions: the user's task and every later instruction, requirement or "
+    "constraint they stated, in their words where short.\n"
+    "Done and found: what was done, what was found, decisions and why, what was tried and "
+    "failed (with the error), which files and values the findings are about.\n"
+    "Current state: where the work stands now.\n"
+    "Next step: what the assistant was about to do, and the open items.\n"
+    "Drop pleasantries, repeated output and anything superseded. Fold the previous summary into "
+    "the new one: the result must replace both. The user's own messages (labelled `user:`, not "
+    "tool results and not `user (context handed over):`) are the last thing to give up: under "
+    "Task and instructions, quote them verbatim, oldest first, one per line; always the first "
+    "and the latest, the others while they fit in half the summary, the oldest after the first "
+    "going first, with `(N earlier messages omitted)` in their place. An artifact index, when "
+    "given, is kept exactly by the system and is shown after your summary: do not copy it; "
+    "refer to its files, commands, errors and ids by name where the narrative needs them."
 )
 TOOL_OUTPUT_CHARS = 2000
 MESSAGE_CHARS = 6000
@@ -46,10 +52,11 @@ class Summarizer(Protocol):
     name: str
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         """The summary that replaces `previous` and `messages` both, in at most `max_tokens`
-        tokens (a `Summarize` step's `max_summary_tokens`)."""
+        tokens (a `Summarize` step's `max_summary_tokens`); `index`: the artifact index of
+        everything so far, rendered (shown with the summary after it: not to be repeated)."""
         ...
 
 
@@ -86,12 +93,16 @@ def render(messages: Sequence[Message]) -> str:
     )
 
 
-def build_prompt(previous: str | None, messages: Sequence[Message], max_tokens: int) -> str:
-    """The full text prompt (also what the reference's `summarize=` hook receives)."""
+def build_prompt(
+    previous: str | None, messages: Sequence[Message], max_tokens: int, index: str = ""
+) -> str:
+    """The full text prompt (also what the reference's `summarize=` hook receives); `index`
+    the artifact index rendered (shown in `<artifact_index>` when there is one)."""
     prior = previous if previous else "(none yet: this is the start of the conversation)"
+    shown = f"<artifact_index>\n{index}\n</artifact_index>\n\n" if index else ""
     return (
         f"{INSTRUCTIONS}\nKeep the summary under {max_tokens} tokens.\n\n"
-        f"<previous_summary>\n{prior}\n</previous_summary>\n\n"
+        f"<previous_summary>\n{prior}\n</previous_summary>\n\n{shown}"
         f"<new_messages>\n{render(messages)}\n</new_messages>\n\n"
         "Write the updated summary now."
     )
@@ -111,9 +122,9 @@ class LLMSummarizer:
         self.name = name or f"llm:{model or 'default'}"
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
-        prompt = build_prompt(previous, messages, max_tokens)
+        prompt = build_prompt(previous, messages, max_tokens, index)
         return await self.client.complete(
             [{"role": "user", "content": prompt}], model=self.model, max_tokens=max_tokens
         )
@@ -133,9 +144,9 @@ class FnSummarizer:
         self.name = name
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
-        text = await self.fn(build_prompt(previous, messages, max_tokens), self.model)
+        text = await self.fn(build_prompt(previous, messages, max_tokens, index), self.model)
         return Completion(text=text, model=self.model)
 
 

@@ -44,7 +44,7 @@ class CountingSummarizer:
         self.calls: list[int] = []
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         self.calls.append(len(messages))
         return Completion(
@@ -486,7 +486,7 @@ class WordySummarizer(CountingSummarizer):
     """A summarizer whose summaries are far over `max_tokens`."""
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         await super().summarize(previous, messages, max_tokens=max_tokens)
         return Completion(text="word " * 3000, input_tokens=10, output_tokens=5, cost=0.01)
@@ -518,7 +518,7 @@ class FailingSummarizer:
     name = "failing"
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         raise RetryableLLMError("429 from the summarizer's provider", retry_after=30)
 

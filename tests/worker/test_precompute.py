@@ -170,7 +170,7 @@ class Thief:
         self.store, self.tenant, self.conv_id, self.wait = store, tenant, conv_id, wait
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         self.store.client.set(keys.conv_lease(self.tenant, self.conv_id), "other/zzz")
         await asyncio.sleep(self.wait)  # long enough for a renewal to be refused
@@ -201,7 +201,7 @@ class Growing:
         self.client = getattr(inner, "client", None)
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         if self.more:
             self.store.conversations.append(self.tenant, "c1", self.more)

@@ -143,7 +143,7 @@ class Broken:
     name = "broken"
 
     async def summarize(
-        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int
+        self, previous: str | None, messages: Sequence[Message], *, max_tokens: int, index: str = ""
     ) -> Completion:
         raise RuntimeError(f"cannot handle {messages[0]['content']}")
 

@@ -15,48 +15,33 @@ A request that continues server-side state (`previous_response_id`, `conversatio
 only the new items: prefit cannot see, nor fit, what the provider adds to it, so it goes
 upstream unchanged and `x-prefit-fit` says `skipped (server-side state: <field>)`.
 
-Stored responses belong to the tenant that created them. With the deployment's key the
-provider sees one account, so prefit records the id of every response a tenant's
-`POST /v1/responses` created (the answer's `id`; in a stream, `response.created`'s, read
-ahead before any event is passed on), for OpenAI's retention of 30 days
-(shared/store/ownership.py), and answers any other id the provider's 404 without asking it:
-retrieve, delete, input items and cancel (api/proxy/routes.py), and a `previous_response_id`
-(400, as OpenAI answers an unknown one). A `conversation` names an OpenAI conversation,
-which only `POST /v1/conversations` makes, and prefit does not pass that through: with the
-deployment's key every one is another's, so it is refused the same way. With the client's
-own provider key the provider keeps them apart itself, and nothing is checked.
+Stored responses belong to the tenant that created them (api/proxy/owners.py): the
+response a request creates is recorded as its tenant's (in a stream, from
+`response.created`, read ahead before the client sees it), and a `previous_response_id` or
+`conversation` it names is checked to be the tenant's before anything goes upstream.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from fastapi import Response
 
-from api.deps import Services
+from api.codec import dumps
+from api.proxy.compaction import HEADER, expand, server_state
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
-from api.proxy.endpoints import PROVIDER_ID
 from api.proxy.overflow import Overflow
+from api.proxy.owners import check_references, own_response
 from api.proxy.relay import CountRelay, Fit, Relay
 from api.proxy.streaming import OpenedStream, Tap, data_of, error_event
-from api.proxy.upstream import own_key
-from shared.errors import InvalidRequest, InvalidTranscript, NotFound, StoreUnavailable
+from shared.errors import InvalidTranscript
 from shared.formats.responses import read_responses, to_responses
-from shared.logs import get_logger
 from shared.messages import Message, ToolSpec
 
-if TYPE_CHECKING:  # it holds the dialects: it imports this module
-    from api.proxy.services import ProxyServices
-
-log = get_logger(__name__)
-
-STATE_FIELDS = ("previous_response_id", "conversation")
-RESPONSES = "responses"  # the kind of owned object (shared/store/keys.py `owned`)
-RETENTION_S = 30 * 86_400  # OpenAI keeps a stored response 30 days
 # what a stream sends before the model's output starts (or it fails)
 _PREAMBLE = frozenset({"response.created", "response.in_progress", "response.queued"})
 _EVENT = re.compile(rb"^event:[ \t]*(\S+)", re.M)
@@ -133,64 +118,22 @@ def event_type(event: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def server_state(body: Mapping[str, Any]) -> str | None:
-    """The field by which `body` continues state held by the provider, if any."""
-    return next((f for f in STATE_FIELDS if body.get(f) not in (None, "")), None)
-
-
-async def owned_response(
-    svc: Services, proxy: ProxyServices, tenant: str, response_id: str
-) -> None:
-    """`NotFound` (OpenAI's words) unless `tenant` created `response_id` through prefit."""
-    client = svc.increments().client
-    if not await proxy.owned.owns(client, tenant, RESPONSES, response_id, RETENTION_S):
-        raise NotFound(f"Response with id '{response_id}' not found.")
-
-
 class ResponsesRelay(Relay):
     """One `POST /v1/responses`: fitted unless it continues server-side state; the
-    response it creates recorded as the tenant's, and the responses it continues checked
-    to be its own."""
+    response it creates recorded as the tenant's, the responses it continues checked to be
+    its own."""
 
     created: str | None = None  # the id of the response the answer created, once read
 
     async def run(self) -> Response:
-        await self._check_references()
+        await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
         answer = await super().run()
         await self._own(self.created)
         return answer
 
-    async def _check_references(self) -> None:
-        """`InvalidRequest` for a `previous_response_id` the tenant did not create or a
-        `conversation`, when the deployment's key goes upstream (module docstring)."""
-        if own_key(self.dialect, self.caller):
-            return
-        previous = self.body.get("previous_response_id")
-        if previous not in (None, ""):
-            owned = isinstance(previous, str) and PROVIDER_ID.fullmatch(previous) is not None
-            client = self.svc.increments().client
-            if not owned or not await self.proxy.owned.owns(
-                client, self.caller.tenant, RESPONSES, str(previous), RETENTION_S
-            ):
-                raise InvalidRequest(f"Previous response with id '{str(previous)[:80]}' not found.")
-        if self.body.get("conversation") not in (None, ""):
-            raise InvalidRequest(
-                "conversation not found: prefit's proxy serves no OpenAI conversations "
-                "(/v1/conversations is prefit's own API), so none belongs to this key"
-            )
-
     async def _own(self, response_id: str | None) -> None:
-        """Record `response_id` as the tenant's (a fault: logged; it stays unreachable)."""
         self.created = None
-        if response_id is None or not PROVIDER_ID.fullmatch(response_id):
-            return
-        client = self.svc.increments().client
-        try:
-            await self.proxy.owned.record(
-                client, self.caller.tenant, RESPONSES, response_id, RETENTION_S
-            )
-        except StoreUnavailable:
-            log.warning("proxy.owner_unrecorded", tenant=self.caller.tenant, kind=RESPONSES)
+        await own_response(self.svc, self.proxy, self.caller.tenant, response_id)
 
     def _answered(
         self, upstream: httpx.Response, content: bytes, answer: Any, fit: Fit | None
@@ -201,6 +144,11 @@ class ResponsesRelay(Relay):
         return super()._answered(upstream, content, answer, fit)
 
     async def _first_fit(self) -> Fit | None:
+        expanded = await expand(self.svc, self.caller.tenant, self.body)
+        if expanded is not None:  # prefit's compaction items: the provider never sees them
+            self.body, self.raw = expanded.body, dumps(expanded.body)
+            self.headers = expanded.named(self.headers)
+            self.headers_out[HEADER] = expanded.outcome
         state = server_state(self.body)
         if state is not None:
             return self._skip(f"server-side state: {state}")
@@ -240,8 +188,8 @@ def created_id(events: list[bytes]) -> str | None:
 
 class ResponsesCountRelay(CountRelay, ResponsesRelay):
     """One `POST /v1/responses/input_tokens`: fitted as `/v1/responses` is, then counted
-    (a `previous_response_id` checked as `ResponsesRelay` checks it)."""
+    (what it names checked as `ResponsesRelay` checks it)."""
 
     async def run(self) -> Response:
-        await self._check_references()
+        await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
         return await CountRelay.run(self)

@@ -100,17 +100,16 @@ def fake() -> FakeProvider:
 def proxy_settings(
     redis_url: str, model: str, tenant: str, fake_url: str, **extra: Any
 ) -> Settings:
-    """The test's settings, with both upstreams pointing at the fake provider."""
-    return make_settings(
-        redis_url,
-        model,
-        api_keys=f"{tenant}:{key_of(tenant)}",
-        openai_base_url=f"{fake_url}/v1",
-        openai_api_key="sk-upstream-openai",
-        anthropic_base_url=fake_url,
-        anthropic_api_key="sk-upstream-anthropic",
-        **extra,
-    )
+    """The test's settings, with both upstreams pointing at the fake provider (`extra` over
+    them, the tenants' keys included)."""
+    base: dict[str, Any] = {
+        "api_keys": f"{tenant}:{key_of(tenant)}",
+        "openai_base_url": f"{fake_url}/v1",
+        "openai_api_key": "sk-upstream-openai",
+        "anthropic_base_url": fake_url,
+        "anthropic_api_key": "sk-upstream-anthropic",
+    }
+    return make_settings(redis_url, model, **{**base, **extra})
 
 
 @contextmanager

@@ -379,24 +379,28 @@ def test_input_tokens_without_a_model_are_counted_unfitted(proxy: Proxy) -> None
     assert got.body == {"input": "hello there"}
 
 
-def test_stored_responses_and_compaction_pass_through(proxy: Proxy) -> None:
-    """Retrieve, delete, input items, cancel (of a response the tenant made) and compact
-    reach the provider unchanged; once deleted, the id is no longer the tenant's."""
+def test_stored_responses_pass_through(proxy: Proxy) -> None:
+    """Retrieve, input items, cancel and delete (of a response the tenant made) reach the
+    provider unchanged; a compaction that continues the provider's stored state does too
+    (prefit cannot read that state); once deleted, the id is no longer the tenant's."""
     client = sdk(proxy)
     rid = client.responses.create(model=proxy.model, input="hi").id
     assert client.responses.retrieve(rid).id == rid
     assert [i.id for i in client.responses.input_items.list(rid)] == ["msg_1"]
     assert client.responses.cancel(rid).status == "cancelled"
+    compacted = client.responses.with_raw_response.compact(
+        model=proxy.model, previous_response_id=rid
+    )
+    assert compacted.parse().output[0].type == "compaction"
+    assert compacted.headers["x-prefit-fit"] == "skipped (server-side state: previous_response_id)"
     client.responses.delete(rid)
-    compacted = client.responses.compact(model=proxy.model, input="long history")
-    assert compacted.output[0].type == "compaction"
     got = proxy.fake.received[1:]
-    assert [(r.path, r.body.get("input")) for r in got] == [
+    assert [(r.path, r.body.get("previous_response_id")) for r in got] == [
         (f"/v1/responses/{rid}", None),
         (f"/v1/responses/{rid}/input_items", None),
         (f"/v1/responses/{rid}/cancel", None),
+        ("/v1/responses/compact", rid),
         (f"/v1/responses/{rid}", None),
-        ("/v1/responses/compact", "long history"),
     ]
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(rid)
