@@ -64,10 +64,13 @@ RUN --mount=type=cache,target=/root/.cache/uv \
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG TIKTOKEN_DIR=/opt/prefit/tiktoken
+# PREFIT_HEARTBEAT_FILE turns the watchdog on (shared/service/watchdog.py): the container's
+# liveness check reads it (docker-compose.yml, configs: alive).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/app/.venv/bin:$PATH \
-    PREFIT_TIKTOKEN_DIR=${TIKTOKEN_DIR}
+    PREFIT_TIKTOKEN_DIR=${TIKTOKEN_DIR} \
+    PREFIT_HEARTBEAT_FILE=/tmp/prefit.alive
 # Never root: a fixed uid AND gid, so volume and secret-file permissions are predictable.
 RUN groupadd --system --gid 10001 prefit \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin prefit

@@ -13,6 +13,7 @@ the body-size limit, `HEAD` served as `GET` (api/head.py).
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,6 +36,7 @@ from api.proxy.services import ProxyServices
 from api.requestlog import RequestLogger
 from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
+from shared.service.watchdog import Watchdog, forget_heartbeat
 from shared.settings import Settings, get_settings
 from shared.store import Store
 
@@ -65,6 +67,8 @@ def create_app(
     apps made in tests leave the global logging configuration alone.
     """
     chosen = settings if settings is not None else get_settings()
+    if configure_logs:  # the process's own app: this run has not beaten yet
+        forget_heartbeat(chosen.heartbeat_file)
     services = Services.build(chosen, store=store, enqueue=enqueue)
     proxy = ProxyServices.build(chosen)
     share = proxy.clients.share
@@ -94,9 +98,12 @@ def create_app(
         if callable(warm):  # Celery's imports take ~1 s: not on the first request's time
             threading.Thread(target=warm, name="prefit-warm-celery", daemon=True).start()
         log.info("api.started", tenants=len(services.keyring.tenants), models=sorted(chosen.models))
+        watchdog = watch_event_loop(chosen)
         try:
             yield
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             await services.aclose()
             await proxy.aclose()
             services.close(close_store=owns_store)
@@ -120,6 +127,17 @@ def create_app(
         app.add_middleware(LoopbackOnly)
     app.add_middleware(RequestLogger, observe=services.metrics.observe)  # outermost: sees 413s
     return app
+
+
+def watch_event_loop(settings: Settings) -> Watchdog | None:
+    """With a heartbeat file (the image names one): a watchdog on the running event loop, so
+    an API process whose loop is blocked for `watchdog_s` exits (shared/service/watchdog.py)."""
+    if settings.heartbeat_file is None:
+        return None
+    watchdog = Watchdog(settings.watchdog_s, settings.heartbeat_file)
+    watchdog.watch("event_loop", asyncio.get_running_loop().call_soon_threadsafe)
+    watchdog.start()
+    return watchdog
 
 
 app = create_app(configure_logs=True)

@@ -38,6 +38,7 @@ from api.ratios import CachedRatios
 from api.requestlog import request_log
 from shared.counting.calibration import ScaledCounter
 from shared.counting.counters import HeuristicCounter, TokenCounter
+from shared.service.replica import replica_name
 from shared.settings import Settings
 from shared.store import Store, keys
 from shared.store.client import Client
@@ -116,6 +117,7 @@ class Services:
         self.ratios = CachedRatios(self.store.ratios)
         if self.settings.metrics_dir is not None:
             self.metrics.aggregate(self.settings.metrics_dir)
+        self.metrics.replica = replica_name(self.settings)
         self.policies = Policies(self.settings)
         self.counter_id = counter_id(self.base)
         self.openings = Openings()  # the tenants' memory of repeated openings (prepare, proxy)

@@ -31,6 +31,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from api.brokercheck import BrokerCheck
 from api.requestlog import RequestLog
 from shared.logs import get_logger
+from shared.service.replica import with_replica
 from shared.store.breaker import BreakerState
 
 log = get_logger(__name__)
@@ -139,6 +140,7 @@ class Metrics:
         self._store: StoreCollector | None = None
         self._share: ShareCollector | None = None
         self._processes: Path | None = None
+        self.replica: str | None = None  # every sample's `replica` label (shared.service.replica)
 
     def observe(self, record: RequestLog) -> None:
         self.requests.labels(record.route, str(record.status)).inc()
@@ -193,19 +195,19 @@ class Metrics:
         """The exposition: request metrics, then what Redis says (nothing read from it when
         `store` is False: it is reported down); per-tenant series only if `per_tenant`."""
         if self._processes is None:
-            out = bytes(generate_latest(self.registry))
+            out = bytes(generate_latest(with_replica(self.registry, self.replica)))
         else:
             summed = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(summed, path=str(self._processes))  # type: ignore[no-untyped-call]
-            out = bytes(generate_latest(summed))
+            out = bytes(generate_latest(with_replica(summed, self.replica)))
         if self._store is not None:
             scrape = CollectorRegistry(auto_describe=False)
             scrape.register(self._store.view(per_tenant=per_tenant, reachable=store))
-            out += bytes(generate_latest(scrape))
+            out += bytes(generate_latest(with_replica(scrape, self.replica)))
         if self._share is not None:
             shares = CollectorRegistry(auto_describe=False)
             shares.register(self._share.view(per_tenant))
-            out += bytes(generate_latest(shares))
+            out += bytes(generate_latest(with_replica(shares, self.replica)))
         return out
 
 

@@ -50,6 +50,24 @@ class DoesNotFit(PrefitError):
         )
 
 
+class ReplyDoesNotFit(DoesNotFit):
+    """Even the deepest fit leaves less of the window than the least reply a request may get."""
+
+    def __init__(self, *, tokens: int, window: int, floor: int, asked: int, model: str) -> None:
+        self.tokens = tokens
+        self.budget = window - floor
+        self.head_tokens = self.tail_tokens = self.tools_tokens = self.other_tokens = 0
+        self.floor_chars = None
+        self.window, self.floor, self.asked = window, floor, asked
+        PrefitError.__init__(
+            self,
+            f"prompt is too long: {tokens} tokens > {window - floor} maximum (prefit: what "
+            f"may never be cut, the system prompt, the task and the last turn, leaves less of "
+            f"{model}'s {window}-token window than the least reply of {floor} tokens; "
+            f"{asked} were asked; nothing was sent)",
+        )
+
+
 class InvalidId(PrefitError, ValueError):
     """A tenant, conversation or marker id is empty, too long or has forbidden characters."""
 

@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: SecretStr | None = None
+    # Gemini API (api/proxy/dialects/gemini.py): its root, without a version (paths carry it)
+    gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    gemini_api_key: SecretStr | None = None
     # the key sealing the compaction items prefit answers /v1/responses/compact with
     # (api/proxy/compaction.py); unset, one derived from the keys above and PREFIT_API_KEYS
     compaction_secret: SecretStr | None = None
@@ -164,6 +167,17 @@ class Settings(BaseSettings):
     )
     log_json: bool | None = None  # None: JSON when stderr is not a TTY
     log_level: str = "INFO"
+
+    # operations (docs/deploy.md): an API or worker process whose loops stop this long exits
+    # (shared/service/watchdog.py); on only with a heartbeat file, which the image names and
+    # the container's healthcheck reads (a process stopped whole is killed from there)
+    watchdog_s: float = Field(default=30.0, gt=0)
+    heartbeat_file: Path | None = None
+    # a worker's /metrics on this port (none: no endpoint); the image's compose sets 9100
+    worker_metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # how a process names itself on the dashboards (the `replica` label); unset: the
+    # container's name, from Docker's DNS (shared/service/replica.py), else none
+    replica_name: str | None = None
 
     @model_validator(mode="after")
     def _broker_is_not_the_cluster(self) -> Settings:

@@ -10,16 +10,22 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from shared.commands.redisproc import free_port
 from shared.logs import stdlib_formatter
 from shared.settings import Settings
 from tests.conftest import ROOT
+from tests.redisbackend import needs_redis_server
 from tests.test_dockerfile import global_args
 
 COMPOSE = ROOT / "docker-compose.yml"
@@ -49,7 +55,11 @@ NOT_PASSED = {
     "TIKTOKEN_CACHE_DIR": "the encodings are built in",
     "PREFIT_REDIS_PASSWORD": "a secret file only",
     "PREFIT_RABBITMQ_PASSWORD": "a secret file only",
+    "PREFIT_HEARTBEAT_FILE": "the image sets it (the liveness check reads it)",
 }
+# Settings compose sets itself, for one service: name -> (service, value)
+SET_HERE = {"PREFIT_WORKER_METRICS_PORT": ("worker", "9100")}
+ALIVE = "/usr/local/etc/prefit/alive.sh"
 
 
 def docker_compose() -> str:
@@ -146,11 +156,14 @@ def check_app(services: dict[str, Any], store: str, broker: str) -> None:
         assert "ports" not in spec and "container_name" not in spec
     probe = " ".join(services["api"]["healthcheck"]["test"])
     assert "urllib" in probe and "127.0.0.1:8000/readyz" in probe
-    worker_probe = " ".join(services["worker"]["healthcheck"]["test"])
-    assert "celery -A worker.app inspect ping" in worker_probe
-    # this worker, not any worker: the node name its command sets (one per container's host)
+    assert services["worker"]["healthcheck"]["test"] == ["CMD", "sh", ALIVE]
+    # a node name of its own per container (its host name), so pidbox queues never clash
     assert services["worker"]["command"][-2:] == ["-n", "prefit@%h"]
-    assert "-d prefit@$HOSTNAME" in worker_probe
+    for name in APP_SERVICES:
+        spec = services[name]
+        assert spec["init"] is True  # the liveness check can kill the app (not PID 1)
+        assert {"source": "alive", "target": ALIVE} in spec["configs"]
+        assert f"sh {ALIVE}" in " ".join(spec["healthcheck"]["test"])
     assert services["api"]["deploy"]["replicas"] == 2
     assert services["api"]["expose"] == ["8000"]
 
@@ -223,6 +236,10 @@ def test_every_operator_setting_is_passed_through_and_unset_by_default() -> None
         names.add(str(choices[0]) if choices else f"PREFIT_{field_name.upper()}")
     names -= {"PREFIT_SECRETS_DIR", "REDIS_URL", "PREFIT_BROKER_URL"}  # set by compose
     services = config()["services"]
+    for name, (service, value) in SET_HERE.items():
+        assert services[service]["environment"].pop(name) == value
+        assert all(name not in services[s]["environment"] for s in APP_SERVICES if s != service)
+        names.discard(name)
     for service in APP_SERVICES:
         env = services[service]["environment"]
         missing = names - set(env) - set(NOT_PASSED)
@@ -493,3 +510,68 @@ def test_down_takes_every_profile_and_the_docs_say_so() -> None:
     deploy = (ROOT / "docs" / "deploy.md").read_text()
     assert DOWN in header and DOWN in deploy
     assert "`docker compose down` with no variable set removed everything" not in deploy
+
+
+def start_stoppable(service: str, tmp_path: Path, redis_url: str) -> subprocess.Popen[bytes]:
+    """The container's command of `service` as a real process on this host (`prefit api` or
+    `prefit worker`), with the image's heartbeat file in `tmp_path` and a 3 s watchdog."""
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "PREFIT_BROKER_URL": redis_url,
+        "PREFIT_SUMMARY_QUEUE": f"alive-{uuid.uuid4().hex[:8]}",
+        "PREFIT_API_KEYS": "alive-tenant:alive-key",
+        "PREFIT_HEARTBEAT_FILE": str(tmp_path / "alive"),
+        "PREFIT_WATCHDOG_S": "3",
+        "PREFIT_LOG_JSON": "true",
+    }
+    argv = config()["services"][service]["command"]
+    assert argv[:2] == ["prefit", service]
+    rest = ["--port", str(free_port())] if service == "api" else ["-n", "alive-test@%h"]
+    argv = [sys.executable, "-m", "shared.commands.cli", service, *rest]
+    with (tmp_path / "log").open("wb") as out:
+        return subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.slow
+@needs_redis_server
+@pytest.mark.parametrize("service", APP_SERVICES)
+def test_a_stopped_process_is_killed_by_its_containers_liveness_check(
+    service: str, tmp_path: Path, redis_url: str
+) -> None:
+    """SIGSTOP a real api or worker process: the compose file's liveness check (its `alive`
+    config, run every second here as Docker runs it every 10 s) passes while the heartbeat's
+    deadline is ahead, then kills the process (SIGKILL) once PREFIT_WATCHDOG_S and an
+    interval have passed, as docker-init's child, so the container exits and restarts."""
+    script = config()["configs"]["alive"]["content"]
+    heartbeat = tmp_path / "alive"
+    proc = start_stoppable(service, tmp_path, redis_url)
+
+    def check() -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ["PATH"], "PREFIT_HEARTBEAT_FILE": str(heartbeat)}
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "log").read_text()
+            if heartbeat.exists() and heartbeat.read_text().split()[0] == str(proc.pid):
+                break
+            time.sleep(0.2)
+        assert int(heartbeat.read_text().split()[0]) == proc.pid
+        assert check().returncode == 0
+        os.kill(proc.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        assert check().returncode == 0  # its deadline is still ahead: not killed yet
+        while proc.poll() is None and time.monotonic() - stopped < 30:
+            last = check()
+            time.sleep(1.0)
+        took = time.monotonic() - stopped
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert "killed" in last.stdout and last.returncode == 1
+    # PREFIT_WATCHDOG_S, an interval, the deadline's whole seconds (2), a check, slack
+    assert 3 <= took <= 3 + 0.5 + 2 + 1 + 2

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client import generate_latest
 
 from api.app import create_app
 from shared import PrefitClient
@@ -27,6 +28,7 @@ from tests.api.server import serve
 from tests.builders import user
 from tests.conftest import ROOT
 from tests.fakeprovider import FakeProvider
+from worker.metrics import WorkerMetrics
 
 DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "prometheus" / "rules" / "prefit.yml"
@@ -184,10 +186,15 @@ def test_the_prometheus_config_passes_promtool_check() -> None:
     run = run_promtool("check", "config", str(PROMETHEUS))
     assert run.returncode == 0, run.stdout + run.stderr
     config = yaml.safe_load(PROMETHEUS.read_text())
-    [job] = [j for j in config["scrape_configs"] if j["job_name"] == "prefit-api"]
-    assert job["dns_sd_configs"] == [
-        {"names": ["api"], "type": "A", "port": 8000, "refresh_interval": "15s"}
-    ]
+    jobs = {j["job_name"]: j for j in config["scrape_configs"]}
+    for name, service, port in (("prefit-api", "api", 8000), ("prefit-worker", "worker", 9100)):
+        assert jobs[name]["dns_sd_configs"] == [
+            {"names": [service], "type": "A", "port": port, "refresh_interval": "15s"}
+        ]
+        # the replica's own `replica` label (its container's name) becomes the instance
+        copy, drop = jobs[name]["metric_relabel_configs"]
+        assert (copy["source_labels"], copy["target_label"]) == (["replica"], "instance")
+        assert (drop["regex"], drop["action"]) == ("replica", "labeldrop")
 
 
 def test_the_rules_fire_as_meant() -> None:
@@ -215,7 +222,9 @@ def test_grafana_is_provisioned_with_the_dashboard() -> None:
     titles = " ".join(p["title"].lower() for p in panels(dash))
     for topic in ("request rate", "latency", "fit outcomes", "stale share", "queue depth",
                   "oldest summary job", "dead letters", "breakers", "provider errors",
-                  "redis errors"):  # fmt: skip
+                  "redis errors", "worker deliveries", "worker summaries written",
+                  "worker failed and retried", "worker task duration", "worker llm tokens",
+                  "worker replicas"):  # fmt: skip
         assert topic in titles, f"{name} has no panel about {topic}"
 
 
@@ -255,10 +264,23 @@ def _traffic(url: str, key: str, model: str, recorder: Recorder) -> None:
     assert httpx.get(f"{url}/v1/conversations/absent", headers=auth).status_code == 404
 
 
+def worker_exposition() -> str:
+    """A worker's /metrics once each kind of delivery end was counted (tests/worker/
+    test_metrics.py reads it after real deliveries)."""
+    metrics = WorkerMetrics()
+    with metrics.delivery():
+        metrics.ended({"status": "written", "records": 1, "input_tokens": 9}, 0.5)
+    metrics.retrying("RetryableLLMError")
+    metrics.left("retried", 0.1)
+    metrics.ended({"status": "dead_letter"}, 0.2)
+    return generate_latest(metrics.registry).decode()
+
+
 def test_every_series_a_panel_or_rule_names_is_on_metrics(scraped: str) -> None:
-    """Each metric name in a dashboard query or an alert rule is a series the app exposes
-    (histograms by family), or one Prometheus makes itself (`up`)."""
-    samples, histograms = exposition(scraped)
+    """Each metric name in a dashboard query or an alert rule is a series the app exposes (an
+    API replica's or a worker's /metrics; histograms by family), or one Prometheus makes
+    itself (`up`)."""
+    samples, histograms = exposition(scraped + worker_exposition())
     exposed = {family(name, histograms) for name in samples}
     wanted = {**{f"rule {k}": v for k, v in rule_exprs().items()}, **panel_exprs()}
     named: dict[str, set[str]] = {}
@@ -275,7 +297,10 @@ def test_every_series_a_panel_or_rule_names_is_on_metrics(scraped: str) -> None:
         "prefit_stale_prepares_total", "prefit_summary_queue_depth",
         "prefit_summary_queue_oldest_seconds", "prefit_dead_letters",
         "prefit_summarizer_breaker_open", "prefit_upstream_responses_total",
-        "prefit_redis_errors_total",
+        "prefit_redis_errors_total", "prefit_worker_tasks_taken_total",
+        "prefit_worker_summaries_written_total", "prefit_worker_tasks_failed_total",
+        "prefit_worker_tasks_retried_total", "prefit_worker_task_seconds",
+        "prefit_worker_llm_tokens_total", "prefit_worker_tasks_active",
     ):  # fmt: skip
         assert series in exposed and series in named, series
 

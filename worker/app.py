@@ -20,11 +20,20 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import CPendingDeprecationWarning
-from celery.signals import celeryd_init, setup_logging, worker_init, worker_ready, worker_shutdown
+from celery.signals import (
+    celeryd_init,
+    setup_logging,
+    worker_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 from shared.logs import configure_logging, get_logger
 from shared.service.broker import broker_kind, celery_options, consumer_timeout_note
 from shared.service.jobs import TASK_NAME
+from shared.service.replica import replica_name
+from shared.service.watchdog import Watchdog, forget_heartbeat
 from shared.settings import Settings, get_settings
 from worker.runtime import Runtime
 from worker.tasks import register
@@ -138,6 +147,7 @@ def _configure_logging(sender: Any = None, instance: Any = None, **_: Any) -> No
     in place of Celery's own logging set-up: its records go through structlog too."""
     if getattr(instance, "app", None) is app:
         configure_logging(json=settings.log_json, level=settings.log_level)
+        forget_heartbeat(settings.heartbeat_file)  # this run has not beaten yet
         setup_logging.connect(_logging_is_ours, weak=False)
 
 
@@ -166,9 +176,31 @@ def _on_ready(sender: Any = None, **_: Any) -> None:
         quiet_celery_warnings()
         if sender.hub is not None:  # RabbitMQ: see WAKE_S
             sender.hub.call_repeatedly(WAKE_S, _nothing)
+        if settings.worker_metrics_port is not None:
+            runtime.metrics.serve(settings.worker_metrics_port, replica_name(settings))
+        if settings.heartbeat_file is not None:
+            watch(sender, WATCHDOG)
         gc.collect()
         gc.freeze()
         gc.set_threshold(GC_THRESHOLD, *gc.get_threshold()[1:])
+
+
+# Stops the worker when its consumer loop or its runtime's loop stops (on with a heartbeat file).
+WATCHDOG = Watchdog(settings.watchdog_s, settings.heartbeat_file)
+# A warm shutdown may take this long (docker-compose.yml's stop_grace_period for the worker).
+SHUTDOWN_S = 90.0
+
+
+def watch(consumer: Any, watchdog: Watchdog) -> None:
+    """Watch `consumer`'s loop (a timer of its own beats: it fires only while the consumer runs
+    and is connected to the broker) and the runtime's loop (poked), and start the watchdog."""
+    if consumer.hub is not None:
+        watchdog.watch("consumer")
+        consumer.hub.call_repeatedly(watchdog.interval_s, watchdog.beat, "consumer")
+    else:  # a transport without an event loop: only the runtime's loop is watched
+        log.warning("watchdog.consumer_unwatched", detail="the broker's transport has no hub")
+    watchdog.watch("runtime", runtime.poke_loop)
+    watchdog.start()
 
 
 def quiet_celery_warnings() -> None:
@@ -188,8 +220,15 @@ def _nothing() -> None:
     """A timer's callback: firing it is what wakes the event loop."""
 
 
+@worker_shutting_down.connect  # type: ignore[untyped-decorator]
+def _rest_watchdog(**_: Any) -> None:
+    """A warm shutdown stops the consumer on purpose: the watchdog waits it out."""
+    WATCHDOG.rest(SHUTDOWN_S)
+
+
 @worker_shutdown.connect  # type: ignore[untyped-decorator]
 def _close_runtime(sender: Any = None, **_: Any) -> None:
     """Close the summarizer's connections and the store once the worker has stopped."""
     if getattr(sender, "app", None) is app:
+        WATCHDOG.stop()
         runtime.close()

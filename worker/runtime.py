@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import structlog
@@ -30,6 +30,7 @@ from shared.store import Store
 from shared.store.breaker import provider_id, provider_label
 from shared.summaries.extractive import ExtractiveSummarizer
 from shared.summaries.summarizers import LLMSummarizer, Summarizer
+from worker.metrics import WorkerMetrics
 from worker.reaper import Reaper
 
 T = TypeVar("T")
@@ -63,6 +64,7 @@ class Runtime:
         self._thread: threading.Thread | None = None
         self._failures: Failures | None = None
         self._reaper: Reaper | None = None
+        self.metrics = WorkerMetrics()
         # the breaker guards the configured provider only (a summarizer given here has none)
         self.provider = provider_id(settings) if summarizer is None else None
 
@@ -122,6 +124,16 @@ class Runtime:
         bound = structlog.contextvars.get_contextvars()
         future = asyncio.run_coroutine_threadsafe(_with_context(coro, bound), self._running())
         return future.result()
+
+    def poke_loop(self, callback: Callable[[], None]) -> None:
+        """Have the process's loop call `callback` soon (the watchdog's probe); with no loop
+        running yet, nothing can be stuck on it: `callback` is called now."""
+        with self._lock:
+            loop = self._loop
+        if loop is None:
+            callback()
+        else:
+            loop.call_soon_threadsafe(callback)
 
     def close(self) -> None:
         """Stop the reaper, close the summarizer's HTTP client, stop the loop, close the store."""

@@ -22,6 +22,7 @@ import uuid
 from typing import Any
 
 import structlog
+from celery.exceptions import Retry
 
 from shared.errors import ConfigError, PrefitError, StoreUnavailable
 from shared.logs import get_logger
@@ -48,8 +49,19 @@ def register(app: Any, runtime: Runtime) -> Any:
     )
     def summarize(self: Any, **kwargs: Any) -> dict[str, Any]:
         runtime.start_reaper(app)  # the command-line worker starts it when ready already
-        with structlog.contextvars.bound_contextvars(task_id=self.request.id):
-            return handle(self, runtime, kwargs)
+        metrics = runtime.metrics
+        with structlog.contextvars.bound_contextvars(task_id=self.request.id), metrics.delivery():
+            started = time.perf_counter()
+            try:
+                result = handle(self, runtime, kwargs)
+            except Retry:
+                metrics.left("retried", time.perf_counter() - started)
+                raise
+            except BaseException:
+                metrics.left("crashed", time.perf_counter() - started)
+                raise
+            metrics.ended(result, time.perf_counter() - started)
+            return result
 
     return summarize
 
@@ -143,6 +155,7 @@ def _again(
         final = exc if exc is not None else PrefitError(f"gave up: {reason}")
         return _dead(task, runtime, job, ticket, final, attempt)
     wait = max(0.0, min(countdown, runtime.settings.visibility_timeout_s / 2))
+    runtime.metrics.retrying(reason)
     log.info(
         "summary.task_retried",
         reason=reason,

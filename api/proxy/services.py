@@ -17,6 +17,7 @@ from fastapi import Request
 
 from api.proxy.bodies import ResentBodies
 from api.proxy.dialects.anthropic import AnthropicDialect
+from api.proxy.dialects.gemini import GeminiDialect
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.dialects.responses import ResponsesDialect
 from api.proxy.overflow import LearnedWindows
@@ -34,6 +35,7 @@ class ProxyServices:
     openai: OpenAIDialect
     anthropic: AnthropicDialect
     responses: ResponsesDialect
+    gemini: GeminiDialect
     clients: UpstreamClients
     learned: LearnedWindows  # the windows of unconfigured models, learned from overflows
     bodies: ResentBodies  # bodies resent turn after turn, parsed from what is new
@@ -46,6 +48,7 @@ class ProxyServices:
             openai=OpenAIDialect(settings),
             anthropic=AnthropicDialect(settings),
             responses=ResponsesDialect(settings),
+            gemini=GeminiDialect(settings),
             clients=UpstreamClients(settings),
             learned=LearnedWindows(),
             bodies=ResentBodies(max_bytes=settings.proxy_body_cache_mb * MB),
