@@ -31,7 +31,7 @@ import httpx
 from fastapi import Response
 
 from api.codec import dumps
-from api.proxy.compaction import HEADER, expand, server_state
+from api.proxy.compaction import HEADER, CompactRelay, expand, server_state, triggered
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
@@ -126,6 +126,8 @@ class ResponsesRelay(Relay):
     created: str | None = None  # the id of the response the answer created, once read
 
     async def run(self) -> Response:
+        if triggered(self.body):  # Codex's compaction turn: answered by prefit (which checks)
+            return await CompactRelay.triggered_by(self).run()
         await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
         answer = await super().run()
         await self._own(self.created)
