@@ -18,7 +18,7 @@ from api.proxy.bodies import ResentBodies
 from api.proxy.dialects.anthropic import AnthropicDialect
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.dialects.responses import ResponsesDialect
-from api.proxy.overflow import LearnedWindows
+from api.proxy.overflow import Corrections, LearnedWindows
 from api.proxy.upstream import UpstreamClients
 from shared.settings import Settings
 
@@ -27,13 +27,15 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class ProxyServices:
-    """The proxy's dialects, upstream clients, learned windows and resent bodies."""
+    """The proxy's dialects, upstream clients, learned windows and corrections, and resent
+    bodies."""
 
     openai: OpenAIDialect
     anthropic: AnthropicDialect
     responses: ResponsesDialect
     clients: UpstreamClients
     learned: LearnedWindows  # the windows of unconfigured models, learned from overflows
+    corrections: Corrections  # how much denser each conversation is than estimated
     bodies: ResentBodies  # bodies resent turn after turn, parsed from what is new
 
     @classmethod
@@ -45,6 +47,7 @@ class ProxyServices:
             responses=ResponsesDialect(settings),
             clients=UpstreamClients(settings),
             learned=LearnedWindows(),
+            corrections=Corrections(),
             bodies=ResentBodies(max_bytes=settings.proxy_body_cache_mb * MB),
         )
 
