@@ -169,10 +169,10 @@ def replay(
     model = f"bench-{window}"
     headers = {"anthropic-version": "2023-06-01"}
     with httpx.Client(base_url=url, timeout=120) as client:
-        for path in files:
+        for number, path in enumerate(files):
             data = load_transcript(path)
             messages, tools = data["messages"], data.get("tools") or []
-            conversation = f"{tag}-{path.stem}-{shape}-{window}"
+            conversation = f"{tag}-{number}-{shape}-{window}"
             for end in turns(messages, limit):
                 try:
                     route, body = request(shape, model, messages[:end], tools)
@@ -205,7 +205,9 @@ def _overflow(error: str) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", type=int, default=26, help="transcripts replayed (the first N)")
+    parser.add_argument(
+        "--files", type=int, default=26, help="transcripts replayed (spread over the sources)"
+    )
     parser.add_argument("--turns", type=int, default=40, help="turns replayed per transcript")
     parser.add_argument("--windows", default="8000,16000,32000")
     parser.add_argument("--density", type=float, default=1.2)
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     configure_logging(json=False, level="ERROR")
     windows = [int(w) for w in args.windows.split(",")]
-    files = transcript_files()[: args.files]
+    every = transcript_files()
+    files = every[:: max(1, len(every) // args.files)][: args.files]  # each source's share
     modes = [False] if args.no_learning else [True] if args.learning else [False, True]
     fields = ("requests", "rejected", "refused by prefit", "rule", "first over", "retried")
     for learning in modes:
