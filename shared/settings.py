@@ -128,6 +128,9 @@ class Settings(BaseSettings):
     openai_api_key: SecretStr | None = None
     anthropic_base_url: str = "https://api.anthropic.com"
     anthropic_api_key: SecretStr | None = None
+    # Gemini API (api/proxy/dialects/gemini.py): its root, without a version (paths carry it)
+    gemini_base_url: str = "https://generativelanguage.googleapis.com"
+    gemini_api_key: SecretStr | None = None
     # the key sealing the compaction items prefit answers /v1/responses/compact with
     # (api/proxy/compaction.py); unset, one derived from the keys above and PREFIT_API_KEYS
     compaction_secret: SecretStr | None = None

@@ -13,7 +13,8 @@ provider's: its dialect reads them (api/proxy/dialects/, `Dialect.overflow`).
 
 The reply rule, one for every attempt: prompt + reply <= window. Both providers refuse a
 request whose prompt plus the reply it allows (`max_tokens`, OpenAI's `max_completion_tokens`,
-the Responses API's `max_output_tokens`) exceeds the model's context window: "input length
+the Responses API's `max_output_tokens`; Gemini's `generationConfig.maxOutputTokens` is
+reserved and lowered the same way) exceeds the model's context window: "input length
 and `max_tokens` exceed context limit: 13995 + 64000 > 16000" (Anthropic), "you requested N
 tokens (P in the messages, C in the completion)" (OpenAI). So:
 
@@ -132,7 +133,17 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
         value = _tokens(body.get(name))
         if value is not None:
             return value
-    return None
+    return _tokens(_generation(body).get(GEMINI_OUTPUT))
+
+
+# Gemini's, inside `generationConfig`
+GEMINI_OUTPUT = "maxOutputTokens"
+
+
+def _generation(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Gemini's `generationConfig` of `body` (empty when it has none)."""
+    found = body.get("generationConfig")
+    return found if isinstance(found, dict) else {}
 
 
 def with_reply_room(window: Window, body: Mapping[str, Any]) -> Window:
@@ -173,6 +184,8 @@ class LoweredReply:
         for name in OUTPUT_FIELDS:
             if (_tokens(out.get(name)) or 0) > self.sent:
                 out[name] = self.sent
+        if (_tokens(_generation(out).get(GEMINI_OUTPUT)) or 0) > self.sent:
+            out["generationConfig"] = {**out["generationConfig"], GEMINI_OUTPUT: self.sent}
         if self.budget_sent is not None:
             out["thinking"] = {**out["thinking"], "budget_tokens": self.budget_sent}
         return out

@@ -2,8 +2,10 @@
 
 Fitted: `POST /v1/chat/completions` (api/proxy/dialects/openai.py), `POST /v1/messages` and
 its `/count_tokens` (dialects/anthropic.py), `POST /v1/responses` and its `/input_tokens`
-(dialects/responses.py), each relayed by api/proxy/relay.py; `POST /v1/responses/compact`
-is answered by prefit itself (api/proxy/compaction.py). They take the provider's own
+(dialects/responses.py), Gemini's `POST /v1beta/models/{model}:generateContent`,
+`:streamGenerateContent` and `:countTokens` (dialects/gemini.py; also under `/v1` and
+`/v1alpha`), each relayed by api/proxy/relay.py; `POST /v1/responses/compact` is answered
+by prefit itself (api/proxy/compaction.py). They take the provider's own
 request body and answer the provider's own response, so they stay out of prefit's OpenAPI
 schema (docs/api.md, "Drop-in proxy", documents them). Errors of prefit itself (no or a
 wrong key, a body that is not a JSON object, a bad conversation header) are shaped as the
@@ -31,7 +33,7 @@ shapes its errors: Gemini's (`{"error": {"code", "message", "status"}}`) for its
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -45,6 +47,7 @@ from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
 from api.proxy.compaction import CompactRelay
 from api.proxy.dialects import Dialect
+from api.proxy.dialects.gemini import VERSIONS, GeminiRelay, keyed
 from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesRelay
 from api.proxy.identity import identify
 from api.proxy.relay import CountRelay, Relay
@@ -59,8 +62,9 @@ fallback = APIRouter()
 _ANY = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 SERVED = (
-    "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), /v1/models, "
-    "/v1/embeddings"
+    "/v1/chat/completions and /v1/responses (OpenAI), /v1/messages (Anthropic), "
+    "/v1beta/models/{model}:generateContent, :streamGenerateContent and :countTokens "
+    "(Gemini), /v1/models, /v1/embeddings"
 )
 OWN_API = "/v1/prepare, /v1/conversations/... (prefit's own API, docs/api.md)"
 
@@ -135,6 +139,29 @@ async def responses_stored(request: Request) -> Response:
     return await _shaped(request, openai, forward(request, openai, path))
 
 
+@router.post("/{version}/models/{model}:generateContent", include_in_schema=False)
+@router.post("/{version}/models/{model}:streamGenerateContent", include_in_schema=False)
+async def gemini_generate(request: Request, version: str) -> Response:
+    """Gemini's generateContent (streamed with `alt=sse` or not), the contents fitted."""
+    return await _gemini(request, version, GeminiRelay)
+
+
+@router.post("/{version}/models/{model}:countTokens", include_in_schema=False)
+async def gemini_count_tokens(request: Request, version: str) -> Response:
+    """Gemini's token count of the contents as prefit would send them (fitted, then counted)."""
+    return await _gemini(request, version, CountRelay)
+
+
+async def _gemini(request: Request, version: str, relay_type: Callable[..., Relay]) -> Response:
+    found = proxy_services(request)
+    if version not in VERSIONS:
+        return unknown_route(request, found.openai, found.anthropic)
+    headers = keyed(request.headers, request.url.query)  # `?key=` is the caller's key too
+    dialect = found.gemini
+    answer = _relayed(request, dialect, relay_type, model_required=False, headers=headers)
+    return await _shaped(request, dialect, answer)
+
+
 @router.get("/v1/models", include_in_schema=False)
 async def models(request: Request) -> Response:
     """The provider's model list (Anthropic's when the SDK sends `anthropic-version`)."""
@@ -206,17 +233,22 @@ async def proxy(
 
 
 async def _relayed(
-    request: Request, dialect: Dialect, relay_type: Callable[..., Relay], model_required: bool
+    request: Request,
+    dialect: Dialect,
+    relay_type: Callable[..., Relay],
+    model_required: bool,
+    headers: Mapping[str, str] | None = None,
 ) -> Response:
     svc: Services = request.app.state.services
     found = proxy_services(request)
     rec = request_log(request)
-    caller = identify(request.headers, svc.keyring, svc.settings)
+    headers = request.headers if headers is None else headers
+    caller = identify(headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
     raw = await request.body()
     body, learn = _object(found, raw, caller.tenant, model_required)
     asked = dialect.asked(request.url.path, request.url.query, body)
-    relay = relay_type(svc, found, dialect, asked, caller, body, raw, request.headers, rec)
+    relay = relay_type(svc, found, dialect, asked, caller, body, raw, headers, rec)
     answer = await relay.run()
     if learn:  # after the answer and its sync: where this body's messages end, for the next
         relay.background.add_task(found.bodies.remember, caller.tenant, raw, body)

@@ -16,6 +16,7 @@ from fastapi import Request
 
 from api.proxy.bodies import ResentBodies
 from api.proxy.dialects.anthropic import AnthropicDialect
+from api.proxy.dialects.gemini import GeminiDialect
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.dialects.responses import ResponsesDialect
 from api.proxy.overflow import Corrections, LearnedWindows
@@ -33,6 +34,7 @@ class ProxyServices:
     openai: OpenAIDialect
     anthropic: AnthropicDialect
     responses: ResponsesDialect
+    gemini: GeminiDialect
     clients: UpstreamClients
     learned: LearnedWindows  # the windows of unconfigured models, learned from overflows
     corrections: Corrections  # how much denser each conversation is than estimated
@@ -45,6 +47,7 @@ class ProxyServices:
             openai=OpenAIDialect(settings),
             anthropic=AnthropicDialect(settings),
             responses=ResponsesDialect(settings),
+            gemini=GeminiDialect(settings),
             clients=UpstreamClients(settings),
             learned=LearnedWindows(),
             corrections=Corrections(),
