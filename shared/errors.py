@@ -50,6 +50,24 @@ class DoesNotFit(PrefitError):
         )
 
 
+class ReplyDoesNotFit(DoesNotFit):
+    """Even the deepest fit leaves less of the window than the least reply a request may get."""
+
+    def __init__(self, *, tokens: int, window: int, floor: int, asked: int, model: str) -> None:
+        self.tokens = tokens
+        self.budget = window - floor
+        self.head_tokens = self.tail_tokens = self.tools_tokens = self.other_tokens = 0
+        self.floor_chars = None
+        self.window, self.floor, self.asked = window, floor, asked
+        PrefitError.__init__(
+            self,
+            f"prompt is too long: {tokens} tokens > {window - floor} maximum (prefit: what "
+            f"may never be cut, the system prompt, the task and the last turn, leaves less of "
+            f"{model}'s {window}-token window than the least reply of {floor} tokens; "
+            f"{asked} were asked; nothing was sent)",
+        )
+
+
 class InvalidId(PrefitError, ValueError):
     """A tenant, conversation or marker id is empty, too long or has forbidden characters."""
 
@@ -113,6 +131,15 @@ class Forbidden(PrefitError):
 
 class TooLarge(PrefitError):
     """A request exceeds a configured size limit."""
+
+
+class OverShare(PrefitError):
+    """A tenant already holds its share of a shared resource (its concurrent upstream
+    requests); retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
 
 
 class LLMError(PrefitError):

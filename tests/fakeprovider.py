@@ -1,4 +1,5 @@
-"""A fake OpenAI + Anthropic provider over real HTTP, for the proxy's tests and benchmark.
+"""A fake OpenAI + Anthropic + Gemini provider over real HTTP, for the proxy's tests and
+benchmark (the Gemini API: `FakeGemini`).
 
 It serves `POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/messages` the way
 the providers do (the stored-response endpoints of the Responses API answer plausibly),
@@ -16,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import json
 import math
+import secrets
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,10 +37,33 @@ from api.proxy.dialects.anthropic import ERROR_TYPES
 from shared.counting.counters import HeuristicCounter
 from shared.errors import InvalidTranscript
 from shared.formats import from_anthropic
+from shared.formats.gemini import from_gemini, gemini_tools
 from shared.formats.responses import from_responses
 
 WORDS = tuple(f"word{i} " for i in range(12))
 _COUNTER = HeuristicCounter()
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How long the fake takes, as a provider does: `headers` seconds before an answer's
+    headers (a whole unstreamed answer, or a stream's first event: the time to the first
+    token), then `events` seconds before each further event of a stream, or `pauses[n]`
+    before event n (a long pause mid-stream: a tool call being written, a thinking block)."""
+
+    headers: float = 0.0
+    events: float = 0.0
+    pauses: Mapping[int, float] = field(default_factory=dict)
+
+    def before(self, n: int) -> float:
+        """The pause before event `n` of a stream (the first, 0, waits `headers` instead)."""
+        return self.pauses.get(n, self.events) if n else 0.0
+
+
+AT_ONCE = Pace()
+# the proxy tests' default: small but nonzero, so every test goes through a provider that
+# takes time (a few tests use real multi-second paces), and the suite stays fast
+QUICK = Pace(headers=0.03, events=0.003)
 
 
 @dataclass(frozen=True)
@@ -86,14 +113,14 @@ class FakeProvider:
         limit_tokens: int | None = None,
         scale: float = 1.0,
         words: Sequence[str] = WORDS,
-        event_delay: float = 0.0,
+        pace: Pace = QUICK,
         record: bool = True,
         compaction: bool = True,
     ) -> None:
         self.limit_tokens = limit_tokens
         self.scale = scale
         self.words = tuple(words)
-        self.event_delay = event_delay
+        self.pace = pace
         self.record = record
         # False: an upstream without OpenAI's compaction (vLLM, Ollama, a gateway): no
         # /v1/responses/compact route (a plain 404) and a `compaction` input item refused
@@ -101,7 +128,7 @@ class FakeProvider:
         # a streamed Responses request over the window is refused inside a 200 stream, by a
         # `response.failed` event (recorded as a 400), as OpenAI may do
         self.overflow_in_stream = False
-        self.cancelled = 0  # streams whose client went away before the end
+        self.cancelled = 0  # answers whose client went away before the end
         self._received: list[Received] = []
         self._script: list[Reply] = []
         self._lock = threading.Lock()
@@ -119,8 +146,11 @@ class FakeProvider:
                 Route("/v1/models", self._models, methods=["GET"]),
                 Route("/v1/models/{model_id:path}", self._models, methods=["GET"]),
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),
+                Route("/v1beta/models/{target}", self._gemini, methods=["POST"]),
+                Route("/v1/models/{target}", self._gemini, methods=["POST"]),
             ]
         )
+        self.gemini = FakeGemini(self)
 
     @property
     def received(self) -> list[Received]:
@@ -147,6 +177,8 @@ class FakeProvider:
         with self._lock:
             reply = self._script.pop(0) if self._script else None
         self._note(protocol, request, body, reply.status if reply is not None else 200)
+        if not await self._think(request):
+            return Response(status_code=499)
         if reply is not None and reply.status >= 300:
             payload = _error(protocol, reply, 0)
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
@@ -225,6 +257,8 @@ class FakeProvider:
             reply = _unknown_items(body)
         status = reply.status if reply is not None else 200
         self._note(protocol, request, body, status)
+        if not await self._think(request):
+            return Response(status_code=499)  # nobody is listening any more
         in_stream = protocol == "responses" and body.get("stream") is True
         if self.overflow_in_stream and in_stream and reply is not None and reply.overflow:
             failed = _responses_failed(body, _error(protocol, reply, tokens)["error"])
@@ -251,14 +285,35 @@ class FakeProvider:
         if body.get("stream") is True:
             stream = self._paced(_responses_events(body, output, self.words, tokens))
             return StreamingResponse(stream, media_type="text/event-stream")
-        return JSONResponse(_response(body, "resp_fake", output, tokens, len(self.words)))
+        return JSONResponse(_response(body, response_id(), output, tokens, len(self.words)))
+
+    async def _gemini(self, request: Request) -> Response:
+        return await self.gemini.handle(request)
+
+    async def _think(self, request: Request) -> bool:
+        """Wait `pace.headers` before answering, as a provider computes; False (counted in
+        `cancelled`) when the client goes away meanwhile: its request body is read, so the
+        next thing the server hears from it is its disconnect."""
+        wait = self.pace.headers
+        if wait <= 0:
+            return True
+        try:
+            async with asyncio.timeout(wait):
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+        except TimeoutError:
+            return True
+        with self._lock:
+            self.cancelled += 1
+        return False
 
     async def _paced(self, events: list[dict[str, Any] | str]) -> AsyncIterator[bytes]:
         done = False
         try:
-            for event in events:
-                if self.event_delay:
-                    await asyncio.sleep(self.event_delay)
+            for n, event in enumerate(events):
+                wait = self.pace.before(n)
+                if wait:
+                    await asyncio.sleep(wait)
                 yield _sse(event)
             done = True
         finally:
@@ -342,25 +397,31 @@ def _responses_output(
     return out
 
 
+def response_id() -> str:
+    """A new response's id, unique as OpenAI's are (`resp_` and 48 hex digits)."""
+    return f"resp_{secrets.token_hex(24)}"
+
+
 def _responses_events(
     body: Mapping[str, Any], output: list[dict[str, Any]], words: Sequence[str], tokens: int
 ) -> list[dict[str, Any] | str]:
     """The event stream of a Responses answer, as OpenAI sends it."""
-    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    rid = response_id()
+    start = {**_response(body, rid, [], 0, 0), "status": "in_progress", "usage": None}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": start},
         {"type": "response.in_progress", "response": start},
     ]
     for k, item in enumerate(output):
         events += _item_events(item, k, words)
-    done = _response(body, "resp_fake", output, tokens, len(words))
+    done = _response(body, rid, output, tokens, len(words))
     events.append({"type": "response.completed", "response": done})
     return [{**e, "sequence_number": n} for n, e in enumerate(events)]
 
 
 def _responses_failed(body: Mapping[str, Any], error: dict[str, Any]) -> list[dict[str, Any] | str]:
     """A stream that fails before any output: created, in progress, failed with `error`."""
-    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    start = {**_response(body, response_id(), [], 0, 0), "status": "in_progress", "usage": None}
     failed = {
         **start,
         "status": "failed",
@@ -517,15 +578,229 @@ def _anthropic_events(
     return events
 
 
+# --- the Gemini API ---------------------------------------------------------------------------
+
+GEMINI_KEY_MISSING = (  # what the Gemini API answers a call without a key (403)
+    "Method doesn't allow unregistered callers (callers without established identity). "
+    "Please use API Key or other form of API consumer identity to call this API."
+)
+RESPONSE_COUNT = (  # a function call turn answered by fewer or more responses (400)
+    "Please ensure that the number of function response parts is equal to the number of "
+    "function call parts of the function call turn."
+)
+
+
+_SIGNED = b"fake-gemini-signature:"
+ORPHAN_RESPONSE = (
+    "Please ensure that function response turn comes immediately after a function call turn."
+)
+
+
+def gemini_signature(call: Mapping[str, Any]) -> str:
+    """The thought signature the fake issues for a function call: a digest of it, so a
+    signature that comes back on another call, or altered, is seen."""
+    digest = hashlib.sha256(json.dumps(call, sort_keys=True).encode()).digest()
+    # bytes in the SDK's types, which write them URL-safe: the same text comes back
+    return base64.urlsafe_b64encode(_SIGNED + digest).decode()
+
+
+def _forged(signature: Any, call: Mapping[str, Any]) -> bool:
+    """Whether `signature` is one the fake issued, but not for `call` (moved or altered)."""
+    try:
+        raw = base64.urlsafe_b64decode(signature) if isinstance(signature, str) else b""
+    except ValueError:
+        return False
+    return raw.startswith(_SIGNED) and signature != gemini_signature(call)
+
+
+def gemini_tokens(body: Mapping[str, Any], scale: float = 1.0) -> int:
+    """The fake's count of a Gemini request's prompt: prefit's heuristic count, times `scale`."""
+    inner = body.get("generateContentRequest")
+    request = inner if isinstance(inner, dict) else body
+    try:
+        messages = from_gemini(request.get("systemInstruction"), request.get("contents"))
+        counted = _COUNTER.count(messages, gemini_tools(request.get("tools")))
+    except InvalidTranscript:
+        counted = len(json.dumps(body)) // 4
+    return math.ceil(counted * scale)
+
+
+def gemini_fault(model: str, contents: Any) -> str | None:
+    """Why the Gemini API refuses `contents` with a 400 INVALID_ARGUMENT, if it does: not a
+    list of contents with parts; a function call turn answered by a different number of
+    responses; on Gemini 3, a turn of the current step whose first function call lost its
+    thought signature ("Function call is missing a thought_signature in functionCall parts",
+    as in ai.google.dev/gemini-api/docs/thought-signatures and the reports of it, e.g.
+    chatboxai/chatbox#3308, csells/dartantic#86), or a signature the fake never issued for
+    that call."""
+    if not isinstance(contents, list) or not contents:
+        return "* GenerateContentRequest.contents: contents is not specified"
+    calls = 0
+    for n, content in enumerate(contents):
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if not isinstance(parts, list) or not parts:
+            return (
+                f"* GenerateContentRequest.contents[{n}].parts: contents.parts must not be empty."
+            )
+        answered = sum(1 for p in parts if isinstance(p, dict) and "functionResponse" in p)
+        if calls and answered != calls:
+            return RESPONSE_COUNT
+        if answered and not calls:
+            return ORPHAN_RESPONSE
+        fn = [p for p in parts if isinstance(p, dict) and "functionCall" in p]
+        calls = len(fn) if content.get("role") == "model" else 0
+        for p in fn:
+            if _forged(p.get("thoughtSignature"), p["functionCall"]):
+                return "Corrupted thought signature."
+    if not model.startswith("gemini-3"):
+        return None
+    step = max((n for n, c in enumerate(contents) if _gemini_prompt(c)), default=0)
+    for n, content in enumerate(contents[step:], start=step):
+        fn = [p for p in content.get("parts", []) if "functionCall" in p]
+        if fn and "thoughtSignature" not in fn[0]:
+            name = fn[0]["functionCall"].get("name")
+            return (
+                "Function call is missing a thought_signature in functionCall parts. This is "
+                "required for tools to work correctly, and missing thought_signature may lead "
+                f"to degraded model performance. Additional data, function call "
+                f"`default_api:{name}` , position {n + 1}. Please refer to "
+                "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
+            )
+    return None
+
+
+def _gemini_prompt(content: Any) -> bool:
+    """Whether `content` is the person's (a user content with text, no function response)."""
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return (
+        isinstance(parts, list)
+        and content.get("role", "user") == "user"
+        and any(isinstance(p, dict) and "text" in p for p in parts)
+        and not any(isinstance(p, dict) and "functionResponse" in p for p in parts)
+    )
+
+
+def gemini_error(status: int, message: str) -> dict[str, Any]:
+    kinds = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}
+    return {"error": {"code": status, "message": message, "status": kinds.get(status, "INTERNAL")}}
+
+
+class FakeGemini:
+    """The Gemini API of the fake: `models/{model}:generateContent`,
+    `:streamGenerateContent?alt=sse` (SSE `data:` chunks, `usageMetadata` on each, the last
+    with `finishReason`) and `:countTokens`, as google-genai's SDK reads them
+    (google/genai/models.py, _api_client.py). It refuses a call without a key (403), contents
+    the API refuses (`gemini_fault`, 400), a prompt over `limit_tokens` (400: "The input
+    token count (N) exceeds the maximum number of tokens allowed (M).", as
+    google-gemini/gemini-cli#4118 and #6678 show it); a scripted `Reply` with `call` answers
+    with a function call carrying a thought signature (`gemini_signature`), after a thought.
+    It takes the fake's `pace`, as the other protocols do."""
+
+    def __init__(self, fake: FakeProvider) -> None:
+        self.fake = fake
+
+    async def handle(self, request: Request) -> Response:
+        model, _, verb = str(request.path_params["target"]).partition(":")
+        body = json.loads(await request.body())
+        fake = self.fake
+        with fake._lock:
+            reply = fake._script.pop(0) if fake._script else None
+        tokens = gemini_tokens(body, fake.scale)
+        if not await fake._think(request):  # the client went away while it "computed"
+            return Response(status_code=499)
+        error = self._refused(request, model, verb, body, tokens, reply)
+        fake._note("gemini", request, body, error[0] if error else 200)
+        if error is not None:
+            return JSONResponse(gemini_error(*error), status_code=error[0])
+        if verb == "countTokens":
+            return JSONResponse({"totalTokens": tokens})
+        parts = self._parts(reply)
+        if verb == "streamGenerateContent":
+            chunks = self._chunks(model, parts, tokens)
+            return StreamingResponse(self._sent(chunks), media_type="text/event-stream")
+        return JSONResponse(self._answer(model, parts, tokens, tokens, final=True))
+
+    def _refused(
+        self,
+        request: Request,
+        model: str,
+        verb: str,
+        body: dict[str, Any],
+        tokens: int,
+        reply: Reply | None,
+    ) -> tuple[int, str] | None:
+        if not (request.headers.get("x-goog-api-key") or request.query_params.get("key")):
+            return 403, GEMINI_KEY_MISSING
+        if verb not in ("generateContent", "streamGenerateContent", "countTokens"):
+            return 404, f"Method not found: {verb}"
+        if reply is not None and reply.status >= 300:
+            return reply.status, "scripted failure"
+        inner = body.get("generateContentRequest")
+        fault = gemini_fault(model, (inner if isinstance(inner, dict) else body).get("contents"))
+        if fault is not None:
+            return 400, fault
+        limit = self.fake.limit_tokens
+        if limit is not None and tokens > limit and verb != "countTokens":
+            return 400, (
+                f"The input token count ({tokens}) exceeds the maximum number of tokens "
+                f"allowed ({limit})."
+            )
+        return None
+
+    def _parts(self, reply: Reply | None) -> list[dict[str, Any]]:
+        if reply is not None and reply.call is not None:
+            name, args = reply.call
+            call = {"name": name, "args": json.loads(args)}
+            thought = {"text": f"I should call {name}.", "thought": True}
+            return [thought, {"functionCall": call, "thoughtSignature": gemini_signature(call)}]
+        return [{"text": "".join(self.fake.words)}]
+
+    def _answer(
+        self, model: str, parts: list[dict[str, Any]], tokens: int, out: int, *, final: bool
+    ) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
+        if final:
+            candidate["finishReason"] = "STOP"
+        usage = {"promptTokenCount": tokens, "totalTokenCount": tokens + out}
+        if final:
+            usage["candidatesTokenCount"] = out
+        return {
+            "candidates": [candidate],
+            "usageMetadata": usage,
+            "modelVersion": model,
+            "responseId": "fake-gemini",
+        }
+
+    def _chunks(self, model: str, parts: list[dict[str, Any]], tokens: int) -> list[str]:
+        if len(parts) != 1 or "text" not in parts[0]:
+            pieces = [[p] for p in parts]
+        else:
+            pieces = [[{"text": w}] for w in self.fake.words]
+        return [
+            json.dumps(self._answer(model, p, tokens, k + 1, final=k == len(pieces) - 1))
+            for k, p in enumerate(pieces)
+        ]
+
+    async def _sent(self, chunks: list[str]) -> AsyncIterator[bytes]:
+        for n, chunk in enumerate(chunks):  # as Google's front end frames them
+            wait = self.fake.pace.before(n)
+            if wait:
+                await asyncio.sleep(wait)
+            yield f"data: {chunk}\r\n\r\n".encode()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="fake OpenAI + Anthropic provider")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8901)
+    parser.add_argument("--headers-s", type=float, default=0.0, help="seconds before headers")
+    parser.add_argument("--events-s", type=float, default=0.0, help="seconds between events")
     parser.add_argument(
         "--no-compaction", action="store_true", help="no /v1/responses/compact (vLLM, Ollama)"
     )
     args = parser.parse_args(argv)
-    fake = FakeProvider(record=False, compaction=not args.no_compaction)
+    pace = Pace(args.headers_s, args.events_s)
+    fake = FakeProvider(record=False, pace=pace, compaction=not args.no_compaction)
     uvicorn.run(fake.app, host=args.host, port=args.port, log_level="warning", access_log=False)
 
 

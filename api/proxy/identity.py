@@ -2,9 +2,11 @@
 
 The caller (`identify`), and which provider key goes upstream: SDKs put their key where
 their provider wants it, OpenAI's in `Authorization: Bearer`, Anthropic's in `x-api-key`
-(newer Anthropic SDKs also use `Authorization: Bearer`). Either authenticates the prefit
-tenant, and that key is never sent upstream: the deployment's key for the provider is
-(`PREFIT_OPENAI_API_KEY`, `PREFIT_ANTHROPIC_API_KEY`).
+(newer Anthropic SDKs also use `Authorization: Bearer`), Gemini's in `x-goog-api-key` (or
+the `?key=` query, which the route moves into that header, api/proxy/dialects/gemini.py).
+Any of them authenticates the prefit tenant, and that key is never sent upstream: the
+deployment's key for the provider is (`PREFIT_OPENAI_API_KEY`, `PREFIT_ANTHROPIC_API_KEY`,
+`PREFIT_GEMINI_API_KEY`).
 
 Opt-in (`PREFIT_PROXY_FORWARD_CLIENT_KEYS=true`): a client sends its prefit key in
 `X-Prefit-Api-Key` and its own provider key where the SDK puts it; that provider header is
@@ -64,7 +66,7 @@ from shared.store.openings import TIMEOUT_S, AsyncClient, Openings, faults
 # --- who is calling -----------------------------------------------------------------------
 
 PREFIT_KEY = "x-prefit-api-key"
-PROVIDER_AUTH = ("authorization", "x-api-key")
+PROVIDER_AUTH = ("authorization", "x-api-key", "x-goog-api-key")  # Gemini's: also `?key=`
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,11 @@ def _bearer(value: str | None) -> str | None:
 
 def identify(headers: Mapping[str, str], keyring: KeyRing, settings: Settings) -> Caller:
     """The caller of a proxy request; `Unauthorized` when no valid prefit key is given."""
-    own = headers.get("x-api-key") or _bearer(headers.get("authorization"))
+    own = (
+        headers.get("x-api-key")
+        or headers.get("x-goog-api-key")
+        or _bearer(headers.get("authorization"))
+    )
     prefit_key = headers.get(PREFIT_KEY)
     if prefit_key is not None:
         tenant = keyring.tenant_for_key(prefit_key)
@@ -95,7 +101,8 @@ def identify(headers: Mapping[str, str], keyring: KeyRing, settings: Settings) -
         tenant, provider = keyring.tenant_for_key(""), own is not None
     elif own is None:
         raise Unauthorized(
-            "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'"
+            "missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>' "
+            "(Gemini: 'x-goog-api-key: <key>')"
         )
     else:
         tenant, provider = keyring.tenant_for_key(own), False

@@ -11,25 +11,30 @@ It always drops, so each retry sends a smaller prompt; the proxy retries at most
 `MAX_RETRIES`. What an overflow looks like, and the figures of its message, are each
 provider's: its dialect reads them (api/proxy/dialects/, `Dialect.overflow`).
 
-Room for the reply the client asks for (`with_reply_room`), and the reply lowered when no
-fit leaves it (`lowered_reply`). Both providers refuse a request whose prompt plus the reply
-it allows (`max_tokens`, or OpenAI's `max_completion_tokens`, or the Responses API's
-`max_output_tokens`) exceeds the model's context window: "input length and `max_tokens`
-exceed context limit" (Anthropic), "you requested N tokens (P in the messages, C in the
-completion)" (OpenAI). A window's `reserve_output` is a deployment-wide guess of that reply;
-a request that asks for more is fitted with its own figure instead, so it does not overflow
-and cost a retry on every turn near the window. A request asking for less keeps the
-configured reserve (the budget summaries were planned for); one asking for the whole window
-or more cannot be helped by fitting and keeps it too (the provider judges it).
+The reply rule, one for every attempt: prompt + reply <= window. Both providers refuse a
+request whose prompt plus the reply it allows (`max_tokens`, OpenAI's `max_completion_tokens`,
+the Responses API's `max_output_tokens`; Gemini's `generationConfig.maxOutputTokens` is
+reserved and lowered the same way) exceeds the model's context window: "input length
+and `max_tokens` exceed context limit: 13995 + 64000 > 16000" (Anthropic), "you requested N
+tokens (P in the messages, C in the completion)" (OpenAI). So:
 
-When even the deepest fit (the head and the last turn) leaves less room than the request
-asks for, the reply it may use is lowered to what the window leaves, less a margin for the
-estimate's error (`MARGIN`), rather than forwarding a prompt the provider must refuse: never
-below `reply_floor` (an eighth of what was asked, at least 1,024 tokens, never more than
-asked), since a reply cut shorter than that is of little use to the client. Anthropic's
-extended thinking needs `max_tokens > thinking.budget_tokens`: when the lowered reply would
-not exceed the budget, the budget is lowered to half the reply (at least 1,024, Anthropic's
-minimum); when even that cannot be, nothing is lowered.
+- The fit leaves room for the reply (`with_reply_room`): the window's `reserve_output` (a
+  deployment-wide guess of the reply, the budget summaries are planned for), or the reply
+  the request asks for when that is larger, up to a quarter of the window (`REPLY_SHARE`:
+  a client asking for 64,000 of a 16k window does not get its prompt cut to nothing).
+- Beside the fitted prompt (prefit's estimate P), a reply that does not fit the window is
+  lowered (`lowered_reply`) to what the window less a margin for the estimate's error
+  (`MARGIN`, 2%) leaves, whether the prompt was cut or sent as it came (`unchanged`).
+  Anthropic's extended thinking needs `max_tokens > thinking.budget_tokens`: a budget the
+  lowered reply does not exceed goes to half the reply (at least 1,024, Anthropic's least).
+- Never below the floor (`reply_floor`): 1,024 tokens (`MIN_REPLY`), 2,048 with a thinking
+  budget (1,024 of thinking and 1,024 of answer), or what was asked when that is less (it is
+  never raised). When the fit leaves less than the floor the proxy fits deeper (the last
+  resort: the whole window less the floor, keeping only the last turn if need be); when even
+  that leaves less, the request is refused (400, in the provider's shape: "prompt is too
+  long ...") and never forwarded to fail.
+- A retry after an overflow fits the same way, with every step the first attempt had (the
+  last resort included), and never sends a larger reply than the attempt before it.
 
 Windows learned from the provider (`LearnedWindows`), for models with none configured. A
 model missing from `PREFIT_MODELS` is forwarded unfitted. When the provider refuses such a
@@ -50,6 +55,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from api.policies import Window
+from shared.errors import ReplyDoesNotFit
 
 # --- the overflow rule --------------------------------------------------------------------
 
@@ -99,8 +105,9 @@ def next_pressure(
 # OpenAI's current and legacy names; the Responses API's; Anthropic's (which includes a
 # thinking budget). A request names one; the first present is the reply it asks for.
 OUTPUT_FIELDS = ("max_completion_tokens", "max_output_tokens", "max_tokens")
-MIN_REPLY = 1_024  # the smallest reply worth lowering to; also Anthropic's least thinking budget
-FLOOR_SHARE = 8  # ... and at least an eighth of the reply asked for
+MIN_REPLY = 1_024  # the floor: the least reply a request is lowered to
+MIN_THINKING = 1_024  # Anthropic's least thinking budget
+REPLY_SHARE = 4  # the reply room a request may claim: at most a quarter of the window
 MARGIN = 0.02  # of the window, left unused when lowering: the estimate's error
 
 
@@ -115,20 +122,34 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
         value = _tokens(body.get(name))
         if value is not None:
             return value
-    return None
+    return _tokens(_generation(body).get(GEMINI_OUTPUT))
+
+
+# Gemini's, inside `generationConfig`
+GEMINI_OUTPUT = "maxOutputTokens"
+
+
+def _generation(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Gemini's `generationConfig` of `body` (empty when it has none)."""
+    found = body.get("generationConfig")
+    return found if isinstance(found, dict) else {}
 
 
 def with_reply_room(window: Window, body: Mapping[str, Any]) -> Window:
-    """`window` with room for the reply `body` asks for, when that is more than its reserve."""
+    """`window` with room for the reply `body` asks for, when that is more than its reserve
+    (at most a quarter of the window)."""
     asked = requested_output(body)
-    if asked is None or asked <= window.reserve_output or asked >= window.max_input_tokens:
+    if asked is None or asked <= window.reserve_output:
         return window
-    return replace(window, reserve_output=asked)
+    room = max(window.reserve_output, min(asked, window.max_input_tokens // REPLY_SHARE))
+    return replace(window, reserve_output=room)
 
 
-def reply_floor(asked: int) -> int:
-    """The least reply a request asking for `asked` tokens is lowered to."""
-    return min(asked, max(MIN_REPLY, asked // FLOOR_SHARE))
+def reply_floor(body: Mapping[str, Any]) -> int:
+    """The least reply `body` may be lowered to (0 when it asks for none)."""
+    asked = requested_output(body) or 0
+    floor = MIN_REPLY + (MIN_THINKING if thinking_budget(body) is not None else 0)
+    return min(asked, floor)
 
 
 def usable(window: Window) -> int:
@@ -152,6 +173,8 @@ class LoweredReply:
         for name in OUTPUT_FIELDS:
             if (_tokens(out.get(name)) or 0) > self.sent:
                 out[name] = self.sent
+        if (_tokens(_generation(out).get(GEMINI_OUTPUT)) or 0) > self.sent:
+            out["generationConfig"] = {**out["generationConfig"], GEMINI_OUTPUT: self.sent}
         if self.budget_sent is not None:
             out["thinking"] = {**out["thinking"], "budget_tokens": self.budget_sent}
         return out
@@ -172,20 +195,43 @@ def thinking_budget(body: Mapping[str, Any]) -> int | None:
     return _tokens(thinking.get("budget_tokens"))
 
 
-def lowered_reply(body: Mapping[str, Any], room: int) -> LoweredReply | None:
-    """The reply `body` may use when only `room` tokens are left beside its prompt; None
-    when it asks for no more than that, or cannot be lowered: `room` is under the floor, or
-    leaves no thinking budget Anthropic accepts."""
+def lowered_reply(body: Mapping[str, Any], sent: int) -> LoweredReply | None:
+    """The reply of `body` lowered to `sent` tokens, its thinking budget under it; None when
+    it asks for no more than that. The caller keeps `sent` at least `reply_floor(body)`."""
     asked = requested_output(body)
-    if asked is None or asked <= room or room < reply_floor(asked):
+    if asked is None or asked <= sent:
         return None
     budget = thinking_budget(body)
-    if budget is None or budget < room:
-        return LoweredReply(asked, room)
-    budget_sent = max(MIN_REPLY, room // 2)
-    if budget_sent >= room:
+    if budget is None or budget < sent:
+        return LoweredReply(asked, sent)
+    return LoweredReply(asked, sent, budget, max(MIN_THINKING, sent // 2))
+
+
+def reply_beside(
+    body: Mapping[str, Any], window: Window, prompt: int, cap: int | None = None
+) -> LoweredReply | None:
+    """The reply rule for a prompt prefit estimates at `prompt` tokens: None when the reply
+    `body` asks for (at most `cap`, what an earlier attempt sent) fits beside it in the
+    window; else the reply lowered to what the window less `MARGIN` leaves;
+    `ReplyDoesNotFit` when that is under the floor (the prompt must be cut deeper, or the
+    request refused)."""
+    asked = requested_output(body)
+    if asked is None:
         return None
-    return LoweredReply(asked, room, budget, budget_sent)
+    limit = asked if cap is None else min(asked, cap)
+    if prompt + limit <= window.max_input_tokens:
+        return lowered_reply(body, limit)
+    room = usable(window) - prompt
+    floor = reply_floor(body)
+    if room < floor:
+        raise ReplyDoesNotFit(
+            tokens=prompt,
+            window=window.max_input_tokens,
+            floor=floor,
+            asked=asked,
+            model=window.model,
+        )
+    return lowered_reply(body, min(room, limit))
 
 
 # --- windows learned from overflows -------------------------------------------------------

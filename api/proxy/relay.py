@@ -45,7 +45,7 @@ was unreachable (docs/api.md, "Response headers").
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +56,7 @@ from fastapi.responses import StreamingResponse
 from api.cache import EMPTY_LOADED, Loaded
 from api.codec import dumps, loads
 from api.conversations import Conversations, Sizes
+from api.deadline import upstream_wait
 from api.deps import Services
 from api.enqueue import Reservation
 from api.policies import Window, resolve_window
@@ -68,8 +69,9 @@ from api.proxy.overflow import (
     STEP,
     LoweredReply,
     Overflow,
-    lowered_reply,
     next_pressure,
+    reply_beside,
+    reply_floor,
     requested_output,
     usable,
     with_reply_room,
@@ -83,6 +85,7 @@ from shared.errors import (
     InvalidTranscript,
     NotFound,
     PrefitError,
+    ReplyDoesNotFit,
     StoreUnavailable,
     UnknownModel,
 )
@@ -176,16 +179,12 @@ class Fit:
         return round(after * pressure / self.ratio)
 
 
-def with_reply(fit: Fit, window: Window, body: Mapping[str, Any]) -> Fit:
-    """`fit` with the reply `body` asks for lowered to what the fitted prompt leaves of
-    `window` when prompt + reply would exceed it (the provider would refuse it), if the
-    rule allows (api/proxy/overflow.py, `lowered_reply`); as it is otherwise."""
-    asked = requested_output(body)
-    prompt = int(fit.report["tokens_after"])
-    if asked is None or prompt + asked <= window.max_input_tokens:
-        return fit
-    lowered = lowered_reply(body, usable(window) - prompt)
-    return fit if lowered is None else replace(fit, reply=lowered)
+def with_reply(fit: Fit, window: Window, body: Mapping[str, Any], cap: int | None = None) -> Fit:
+    """`fit` with the reply `body` may use beside it in `window`, never more than `cap` (the
+    reply rule, api/proxy/overflow.py `reply_beside`); `ReplyDoesNotFit` when the fitted
+    prompt leaves less than the floor."""
+    reply = reply_beside(body, window, int(fit.report["tokens_after"]), cap)
+    return fit if reply is None else replace(fit, reply=reply)
 
 
 @dataclass
@@ -268,45 +267,49 @@ class Fitter:
                 return Fit(fitted.prepared.messages, fitted.report, ratio)
         return await self._cheap(pressure)
 
-    async def last_chance(self, body: Mapping[str, Any]) -> Fit:
-        """The fit when the head and recent turns exceed the budget: the cheap strategies to
-        the whole input window less only the reply `body` asks for (providers refuse
-        prompt + max_tokens over the window; none when it asks for none), keeping only the
-        last turn if need be, rather than forwarding a prompt over the window. When even
-        that leaves less room than the reply asked for, the same with the reply lowered to
-        what the window leaves (api/proxy/overflow.py, `lowered_reply`; the fit's `reply` says so).
-        `DoesNotFit` when even that fails."""
-        asked = requested_output(body)
-        whole = self.window.max_input_tokens
-        reply = min(asked, whole - 1) if asked is not None else 0
+    async def last_chance(
+        self, body: Mapping[str, Any], accept: Callable[[Fit], Fit], pressure: float = 1.0
+    ) -> Fit:
+        """The last resort, when the head and recent turns exceed the budget: the cheap
+        strategies to the whole input window less the reply room `body` asks for (none when
+        it asks for none), then to the window less the margin less only the reply floor (the
+        reply is then lowered beside the prompt: api/proxy/overflow.py), each keeping the
+        recent turns and then only the last one; the first fit `accept` takes (it raises
+        `DoesNotFit` for one that leaves the reply less than the floor). A prompt cut that
+        deep beats one the provider refuses. `DoesNotFit` when none is accepted."""
         error: DoesNotFit | None = None
-        deepest: dict[int, int] = {}  # keep -> the least prompt the strategies reach
-        for keep in self._keeps():
-            try:
-                return await self._to_window(keep, whole, reply)
-            except DoesNotFit as exc:
-                error, deepest[keep] = exc, exc.tokens
-        for keep in self._keeps():
-            lowered = lowered_reply(body, usable(self.window) - deepest[keep])
-            if lowered is None:
-                continue
-            try:  # the reply is lowered to what this fit leaves (`with_reply`)
-                return await self._to_window(keep, usable(self.window), lowered.sent)
-            except DoesNotFit:
-                continue
+        for window, reply in self._resorts(body):
+            for keep in self._keeps():
+                try:
+                    return accept(await self._to_window(keep, window, reply, pressure))
+                except DoesNotFit as exc:
+                    error = exc
         assert error is not None
         raise error
+
+    def _resorts(self, body: Mapping[str, Any]) -> list[tuple[int, int]]:
+        """The windows the last resort fits to, and the reply room each leaves."""
+        asked = requested_output(body)
+        if asked is None:
+            return [(self.window.max_input_tokens, 0)]
+        room = min(asked, self.window.reserve_output)
+        floor = reply_floor(body)
+        out = [(self.window.max_input_tokens, room)]
+        return [*out, (usable(self.window), floor)] if floor < room else out
 
     def _keeps(self) -> tuple[int, ...]:
         """The recent turns kept, then only the last one."""
         return (self.svc.settings.keep_recent, 1)
 
-    async def _to_window(self, keep: int, window: int, reply: int) -> Fit:
-        """The cheap strategies' fit to `window` less `reply`, keeping `keep` recent turns."""
+    async def _to_window(self, keep: int, window: int, reply: int, pressure: float) -> Fit:
+        """The cheap strategies' fit to `window` less `reply` at `pressure`, keeping `keep`
+        recent turns."""
         counter = self.svc.scaled_by(self.svc.ratios.last_known(self.tenant, self.window.model))
         settings = self.svc.settings.model_copy(update={"keep_recent": keep})
         policy = service_policy(settings, window, reply, counter).heading(self.preambles)
-        prepared = await policy.prepare(self.messages, tools=self.tools, model=self.window.model)
+        prepared = await policy.prepare(
+            self.messages, tools=self.tools, model=self.window.model, pressure=pressure
+        )
         report = dict(prepared.report or {})
         report["degraded"] = self.degraded
         return Fit(prepared.messages, report, counter.ratio)
@@ -416,6 +419,7 @@ class Relay:
     guessed: tuple[frozenset[str], tuple[str, ...]] | None = None
     label: str = ""  # x-prefit-fit
     retries: int = 0
+    reply_cap: int | None = None  # the reply the last fit lowered the request's to
     headers_out: dict[str, str] = field(default_factory=dict)  # more x-prefit-* of a dialect's
 
     def __post_init__(self) -> None:
@@ -432,9 +436,14 @@ class Relay:
             body = self._body(fit)
             started = time.perf_counter()
             try:
-                upstream = await self.proxy.clients.send(
-                    self.dialect.upstream, self._upstream_headers(), body, self.asked.endpoint
-                )
+                async with upstream_wait():  # the provider's time, not prefit's deadline
+                    upstream = await self.proxy.clients.send(
+                        self.dialect.upstream,
+                        self._upstream_headers(),
+                        body,
+                        self.asked.endpoint,
+                        tenant=self.caller.tenant,
+                    )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
             finally:
@@ -443,15 +452,21 @@ class Relay:
             self.rec.upstream_status = upstream.status_code
             if self.stream and upstream.status_code < 300:
                 opened = OpenedStream(upstream)
-                overflow = await self._stream_overflow(opened)
+                async with upstream_wait():
+                    overflow = await self._stream_overflow(opened)
                 retried = await self._after(fit, overflow)
                 if retried is None:
                     return self._streamed(upstream, fit, opened)
                 await upstream.aclose()
                 fit = retried
                 continue
-            content = await upstream.aread()
-            await upstream.aclose()
+            try:
+                async with upstream_wait():
+                    content = await upstream.aread()
+            except httpx.TransportError as exc:  # it broke off (or paused too long) mid-answer
+                return self._unreachable(exc, fit)
+            finally:
+                await upstream.aclose()
             if self._refused_usage(upstream.status_code, content):
                 continue
             answer = _json(content)
@@ -538,9 +553,9 @@ class Relay:
         except DoesNotFit:
             pass
         try:  # the head and recent turns exceed the budget: never forward it over the window
-            return self._fitted(await self.fitter.last_chance(self.body))
-        except DoesNotFit:
-            return self._skip("does not fit")
+            return await self.fitter.last_chance(self.body, self._fitted)
+        except DoesNotFit as exc:  # refused, never forwarded to fail (the reply rule)
+            raise self._refusal(exc) from None
 
     def _checked(self, messages: Any) -> list[Message]:
         """The request's messages (OpenAI format) named and validated. The stored
@@ -566,8 +581,12 @@ class Relay:
         return None
 
     def _fitted(self, fit: Fit) -> Fit:
+        """`fit` with its reply (`with_reply`, never more than the last attempt sent), noted
+        as the one to send; `DoesNotFit` when it leaves the reply less than the floor."""
         assert self.fitter is not None
-        fit = with_reply(fit, self.fitter.window, self.body)
+        fit = with_reply(fit, self.fitter.window, self.body, self.reply_cap)
+        if fit.reply is not None:
+            self.reply_cap = fit.reply.sent
         self.label = "applied" if fit.report.get("changed") else "unchanged"
         self.rec.tokens_before = fit.report.get("tokens_before")
         self.rec.tokens_after = fit.report.get("tokens_after")
@@ -601,7 +620,25 @@ class Relay:
         try:
             return self._fitted(await self._smaller(fit, pressure))
         except DoesNotFit:
-            return None
+            pass
+        try:  # every step the first attempt had: the last resort too, at this pressure
+            return await self.fitter.last_chance(self.body, self._fitted, pressure)
+        except DoesNotFit:
+            return None  # the provider's own error goes back
+
+    def _refusal(self, exc: DoesNotFit) -> ReplyDoesNotFit:
+        """The error refusing a request no fit leaves its least reply for."""
+        if isinstance(exc, ReplyDoesNotFit):
+            return exc
+        assert self.fitter is not None
+        window = self.fitter.window
+        return ReplyDoesNotFit(
+            tokens=exc.tokens,
+            window=window.max_input_tokens,
+            floor=reply_floor(self.body),
+            asked=requested_output(self.body) or 0,
+            model=window.model,
+        )
 
     async def _learn(self, overflow: Overflow) -> Fit | None:
         """After an overflow of a request sent unfitted for want of a window: the fit to the
@@ -735,13 +772,15 @@ class CountRelay(Relay):
     async def run(self) -> Response:
         fit = await self._first_fit()
         try:
-            upstream = await self.proxy.clients.request(
-                self.dialect.upstream,
-                "POST",
-                self.asked.endpoint,
-                self._upstream_headers(),
-                self._body(fit),
-            )
+            async with upstream_wait():
+                upstream = await self.proxy.clients.request(
+                    self.dialect.upstream,
+                    "POST",
+                    self.asked.endpoint,
+                    self._upstream_headers(),
+                    self._body(fit),
+                    tenant=self.caller.tenant,
+                )
         except httpx.TransportError as exc:
             return self._unreachable(exc, fit)
         self.rec.upstream_status = upstream.status_code

@@ -1,7 +1,7 @@
 """Wire formats prefit converts to and from its OpenAI chat form, losslessly.
 
-Anthropic Messages (`anthropic`, built on the content-block checks of `blocks`) and the
-OpenAI Responses API (`responses`).
+Anthropic Messages (`anthropic`, built on the content-block checks of `blocks`), the
+OpenAI Responses API (`responses`) and the Gemini API's contents (`gemini`).
 """
 
 from shared.formats.anthropic import (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import uuid
 from collections.abc import Iterator
@@ -13,10 +15,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from api.app import create_app
+from shared.commands.redisproc import RedisProcess
 from shared.service.jobs import SummaryJob
 from shared.settings import ModelWindow, Settings
 from shared.store import Store
-from tests.redisbackend import backend
+from tests.redisbackend import backend, require_redis_server
 
 WINDOW, RESERVE = 20_000, 1_000  # budget 19000: nearing from 14250 tokens, over from 16150
 
@@ -84,3 +87,16 @@ def client(app: FastAPI, tenant: str) -> Iterator[TestClient]:
     headers = {"Authorization": f"Bearer {key_of(tenant)}"}
     with TestClient(app, raise_server_exceptions=False, headers=headers) as c:
         yield c
+
+
+@pytest.fixture
+def own_redis() -> Iterator[RedisProcess]:
+    """A redis-server of this test's own, to freeze or kill (resumed before it is stopped)."""
+    require_redis_server()
+    proc = RedisProcess().start()
+    try:
+        yield proc
+    finally:
+        if proc.pid is not None:
+            os.kill(proc.pid, signal.SIGCONT)
+        proc.stop()

@@ -16,13 +16,12 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from api.app import create_app
-from api.deadline import RequestDeadline
+from api.deadline import RequestDeadline, upstream_wait
 from shared.commands.redisproc import RedisProcess
 from tests.api.conftest import Recorder, make_settings
 from tests.api.helpers import body, conv_id
 from tests.api.server import serve
 from tests.builders import chat, user
-from tests.redisbackend import require_redis_server
 
 pytestmark = pytest.mark.anyio
 
@@ -30,19 +29,6 @@ DEADLINE_S = 1.0
 BOUND_S = DEADLINE_S + 1.5  # a correctness bound (answers must not hang), not a speed goal
 
 Call = Callable[[httpx.Client], httpx.Response]
-
-
-@pytest.fixture
-def own_redis() -> Iterator[RedisProcess]:
-    """A redis-server of this test's own, to freeze or kill (resumed before it is stopped)."""
-    require_redis_server()
-    proc = RedisProcess().start()
-    try:
-        yield proc
-    finally:
-        if proc.pid is not None:
-            os.kill(proc.pid, signal.SIGCONT)
-        proc.stop()
 
 
 @pytest.fixture
@@ -225,3 +211,68 @@ async def test_an_answer_that_started_in_time_is_never_replaced() -> None:
     sent = await drive(slow_tail, 0.02)
     assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
     assert sent[-1]["body"] == b"done"
+
+
+async def test_the_wait_on_the_provider_is_not_on_the_deadline() -> None:
+    """Inside `upstream_wait` the clock stops: a provider slower than the deadline is waited for."""
+
+    async def proxied(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        async with upstream_wait():
+            await asyncio.sleep(0.3)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"answer"})
+
+    sent = await drive(proxied, 0.05)
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [200]
+    assert sent[-1]["body"] == b"answer"
+
+
+async def test_after_the_wait_prefits_work_has_only_what_was_left_of_the_deadline() -> None:
+    """The clock resumes where it stopped: work before and after the wait adds up (a retry's
+    fit after an overflow is still bounded by the deadline)."""
+
+    async def slow_retry(scope: Any, receive: Any, send: Any) -> None:
+        await asyncio.sleep(0.12)  # most of the deadline: the first fit
+        async with upstream_wait():
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.12)  # the retry's fit: past what was left
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"late"})
+
+    started = time.monotonic()
+    sent = await drive(slow_retry, 0.2)
+    assert [m.get("status") for m in sent if m["type"] == "http.response.start"] == [503]
+    assert time.monotonic() - started < 0.12 + 0.2 + 0.12 + 0.3  # not after the late answer
+
+
+async def test_a_client_gone_while_the_provider_answers_cancels_the_call() -> None:
+    """The client's disconnect during the wait cancels the app's task: nothing is answered."""
+    cancelled = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop()
+        await asyncio.sleep(0.05)  # the client goes away while the provider thinks
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def waiting(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        try:
+            async with upstream_wait():
+                await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": []}
+    started = time.monotonic()
+    await RequestDeadline(waiting, 1.0)(scope, receive, send)
+    await asyncio.wait_for(cancelled.wait(), 1.0)
+    assert time.monotonic() - started < 1.0 and sent == []

@@ -100,7 +100,7 @@ def fake() -> FakeProvider:
 def proxy_settings(
     redis_url: str, model: str, tenant: str, fake_url: str, **extra: Any
 ) -> Settings:
-    """The test's settings, with both upstreams pointing at the fake provider (`extra` over
+    """The test's settings, with every upstream pointing at the fake provider (`extra` over
     them, the tenants' keys included)."""
     base: dict[str, Any] = {
         "api_keys": f"{tenant}:{key_of(tenant)}",
@@ -108,6 +108,8 @@ def proxy_settings(
         "openai_api_key": "sk-upstream-openai",
         "anthropic_base_url": fake_url,
         "anthropic_api_key": "sk-upstream-anthropic",
+        "gemini_base_url": fake_url,
+        "gemini_api_key": "upstream-gemini-key",
     }
     return make_settings(redis_url, model, **{**base, **extra})
 

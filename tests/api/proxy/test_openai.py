@@ -21,7 +21,7 @@ from shared.summaries.incremental import summary_message
 from tests.api.conftest import RESERVE, WINDOW
 from tests.api.proxy.conftest import TASK, TOOLS, Proxy, agent_session, sent_fits, wait_for
 from tests.builders import assistant, call, chat, result, user
-from tests.fakeprovider import WORDS, Reply
+from tests.fakeprovider import WORDS, Pace, Reply
 
 pytestmark = pytest.mark.anyio
 
@@ -255,7 +255,7 @@ def test_the_conversation_header_names_the_stored_conversation(proxy: Proxy) -> 
 
 def test_a_client_that_goes_away_cancels_the_upstream_stream(proxy: Proxy) -> None:
     """Closing the stream after the first event closes prefit's upstream request too."""
-    proxy.fake.event_delay = 0.05
+    proxy.fake.pace = Pace(events=0.05)
     body = {"model": proxy.model, "messages": [user("hi")], "stream": True}
     headers = {"Authorization": f"Bearer {proxy.key}"}
     with (

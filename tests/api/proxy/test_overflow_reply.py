@@ -7,11 +7,13 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import pytest
 
 from api.policies import Window
-from api.proxy.overflow import LoweredReply, lowered_reply, reply_floor, with_reply_room
+from api.proxy.overflow import LoweredReply, reply_beside, reply_floor, with_reply_room
 from shared.counting.counters import HeuristicCounter
+from shared.errors import ReplyDoesNotFit
 from shared.formats import from_anthropic, to_anthropic
 from shared.messages import Message
 from shared.settings import ModelWindow
@@ -81,13 +83,15 @@ def test_a_small_reply_keeps_the_configured_reserve(proxy: Proxy) -> None:
         ({"max_tokens": 500}, 1_000),
         ({"max_tokens": 4_000}, 4_000),
         ({"max_completion_tokens": 3_000, "max_tokens": 9_000}, 3_000),
-        ({"max_tokens": 20_000}, 1_000),  # the whole window: fitting cannot help
+        ({"max_tokens": 5_000}, 5_000),
+        ({"max_tokens": 9_000}, 5_000),  # at most a quarter of the window
+        ({"max_tokens": 64_000}, 5_000),  # the whole window and more: the same
         ({"max_tokens": True}, 1_000),
         ({"max_tokens": "4000"}, 1_000),
     ],
 )
 def test_the_reply_room_is_the_requests_when_larger(body: dict[str, object], reserve: int) -> None:
-    """Only a positive integer larger than the reserve and smaller than the window counts."""
+    """Only a positive integer larger than the reserve counts, up to a quarter of the window."""
     window = Window("m", 20_000, 1_000)
     assert with_reply_room(window, body).reserve_output == reserve
 
@@ -151,7 +155,7 @@ def test_a_reply_no_fit_leaves_room_for_is_lowered_to_what_the_window_leaves(wid
     raw = send_wide(wide, system, messages)
     assert raw.headers["x-prefit-fit"] == "applied"
     sent = within_window(wide)
-    assert reply_floor(ASKED) <= sent < ASKED
+    assert reply_floor({"max_tokens": ASKED}) <= sent < ASKED
     assert raw.headers["x-prefit-max-tokens"] == f"lowered {ASKED} -> {sent}"
     assert "x-prefit-thinking-budget" not in raw.headers
     body = wide.fake.received[0].body
@@ -170,15 +174,17 @@ def test_a_thinking_budget_over_the_lowered_reply_is_lowered_too(wide: Proxy) ->
     assert raw.headers["x-prefit-thinking-budget"] == f"lowered 31000 -> {budget}"
 
 
-def test_a_reply_the_window_leaves_too_little_for_is_forwarded_unfitted(wide: Proxy) -> None:
-    """A head leaving less than the floor (an eighth of the reply asked for): as before,
-    forwarded unchanged with `skipped (does not fit)`, its reply untouched."""
-    system, messages = claude_code_session(head_chars=190_000, turns=2)
-    raw = send_wide(wide, system, messages)
-    assert raw.headers["x-prefit-fit"] == "skipped (does not fit)"
-    assert "x-prefit-max-tokens" not in raw.headers
-    [got] = wide.fake.received
-    assert got.body["max_tokens"] == ASKED and got.body["messages"] == messages
+def test_a_reply_the_window_leaves_too_little_for_is_refused(wide: Proxy) -> None:
+    """A head leaving less than the reply floor (1,024 tokens) of the window even cut to the
+    last turn: refused with a 400 in the provider's shape saying so, nothing forwarded (the
+    provider would refuse it), nothing stored."""
+    system, messages = claude_code_session(head_chars=230_000, turns=2)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        send_wide(wide, system, messages)
+    message = refused.value.body["error"]["message"]  # type: ignore[index]
+    assert message.startswith("prompt is too long: ") and "least reply of 1024 tokens" in message
+    assert refused.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+    assert wide.fake.received == []
 
 
 def test_a_reply_over_the_whole_window_is_lowered_beside_a_prompt_that_fits(wide: Proxy) -> None:
@@ -192,39 +198,66 @@ def test_a_reply_over_the_whole_window_is_lowered_beside_a_prompt_that_fits(wide
     assert wide.fake.received[0].body["messages"] == messages
 
 
+THINKING = {"type": "enabled", "budget_tokens": 30_000}
+W = Window("m", 40_000, 4_096)  # usable: 39,200 (2% kept for the estimate's error)
+
+
 @pytest.mark.parametrize(
-    ("body", "room", "lowered"),
+    ("body", "prompt", "cap", "lowered"),
     [
-        ({"max_tokens": 32_000}, 40_000, None),  # room enough: nothing to lower
-        ({"max_tokens": 32_000}, 20_000, LoweredReply(32_000, 20_000)),
-        ({"max_tokens": 32_000}, 3_999, None),  # under the floor, an eighth
-        ({"max_tokens": 2_000}, 1_024, LoweredReply(2_000, 1_024)),  # the floor's least
-        ({"max_tokens": 2_000}, 1_023, None),
-        ({"max_output_tokens": 32_000}, 20_000, LoweredReply(32_000, 20_000)),
-        ({"max_completion_tokens": 9_000}, 5_000, LoweredReply(9_000, 5_000)),
+        ({"max_tokens": 8_000}, 30_000, None, None),  # prompt + reply fit: as asked
+        ({"max_tokens": 32_000}, 20_000, None, LoweredReply(32_000, 19_200)),
+        ({"max_tokens": 64_000}, 2_000, None, LoweredReply(64_000, 37_200)),  # over the window
+        ({"max_tokens": 32_000}, 38_176, None, LoweredReply(32_000, 1_024)),  # the floor
+        ({"max_output_tokens": 32_000}, 20_000, None, LoweredReply(32_000, 19_200)),
+        ({"max_completion_tokens": 9_000}, 35_000, None, LoweredReply(9_000, 4_200)),
+        ({"max_tokens": 32_000}, 20_000, 6_000, LoweredReply(32_000, 6_000)),  # never raised
+        ({"max_tokens": 32_000}, 1_000, 6_000, LoweredReply(32_000, 6_000)),
+        ({"max_tokens": 500}, 39_000, None, None),  # asks less than the floor: never lowered
         (
-            {"max_tokens": 32_000, "thinking": {"type": "enabled", "budget_tokens": 30_000}},
+            {"max_tokens": 32_000, "thinking": THINKING},
             20_000,
-            LoweredReply(32_000, 20_000, 30_000, 10_000),
-        ),
-        (
-            {"max_tokens": 32_000, "thinking": {"type": "enabled", "budget_tokens": 10_000}},
-            20_000,
-            LoweredReply(32_000, 20_000),
-        ),
-        (  # no thinking budget of at least 1,024 under the reply: not lowered
-            {"max_tokens": 8_000, "thinking": {"type": "enabled", "budget_tokens": 4_000}},
-            1_024,
             None,
+            LoweredReply(32_000, 19_200, 30_000, 9_600),
         ),
-        ({}, 100, None),
+        (
+            {"max_tokens": 32_000, "thinking": {**THINKING, "budget_tokens": 10_000}},
+            20_000,
+            None,
+            LoweredReply(32_000, 19_200),
+        ),
+        (
+            {"max_tokens": 32_000, "thinking": THINKING},
+            37_152,
+            None,
+            LoweredReply(32_000, 2_048, 30_000, 1_024),
+        ),  # the floor with thinking: 2,048
+        ({}, 39_999, None, None),
     ],
 )
-def test_the_lowered_reply_keeps_the_floor_and_the_thinking_budget_under_it(
-    body: dict[str, Any], room: int, lowered: LoweredReply | None
+def test_the_reply_rule_lowers_within_the_window_never_under_the_floor(
+    body: dict[str, Any], prompt: int, cap: int | None, lowered: LoweredReply | None
 ) -> None:
-    """The reply rule of api/proxy/overflow.py on its own."""
-    assert lowered_reply(body, room) == lowered
+    """The reply rule of api/proxy/overflow.py on its own: prompt + reply within the window."""
+    got = reply_beside(body, W, prompt, cap)
+    assert got == lowered
+    if got is not None:
+        assert prompt + got.sent <= W.max_input_tokens and got.sent >= reply_floor(body)
+        assert got.budget_sent is None or got.budget_sent < got.sent
+
+
+@pytest.mark.parametrize(
+    ("body", "prompt"),
+    [
+        ({"max_tokens": 32_000}, 38_177),
+        ({"max_tokens": 32_000, "thinking": THINKING}, 37_153),
+        ({"max_tokens": 800}, 39_201),
+    ],
+)
+def test_a_reply_under_the_floor_is_no_fit(body: dict[str, Any], prompt: int) -> None:
+    """Less than the floor beside the prompt: `ReplyDoesNotFit` (fit deeper, or refuse)."""
+    with pytest.raises(ReplyDoesNotFit):
+        reply_beside(body, W, prompt)
 
 
 def test_a_lowered_reply_lowers_every_reply_field_over_it() -> None:

@@ -28,15 +28,17 @@ def send(proxy: Proxy, method: str, path: str, **headers: str) -> httpx.Response
 @pytest.mark.parametrize(
     ("path", "headers"),
     [
-        ("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", {}),
-        ("/v1/models/gemini-2.5-pro:generateContent", {}),
+        ("/v1beta/models/gemini-2.5-pro:embedContent", {}),
+        ("/upload/v1beta/files", {}),
+        ("/v9/models/gemini-2.5-pro:generateContent", {}),
         ("/v2/anything", {"x-goog-api-key": "k"}),
     ],
 )
 def test_gemini_calls_get_geminis_error_shape(
     proxy: Proxy, path: str, headers: dict[str, str]
 ) -> None:
-    """Gemini CLI's calls get `{"error": {"code": 404, "message", "status": "NOT_FOUND"}}`."""
+    """Gemini calls prefit does not serve get `{"error": {"code": 404, "message", "status":
+    "NOT_FOUND"}}` (generateContent and countTokens are served: tests/api/proxy/test_gemini.py)."""
     r = send(proxy, "POST", path, **headers)
     assert r.status_code == 404
     error = r.json()["error"]
