@@ -14,7 +14,8 @@ with its thinking block). Long synthetic sessions (tests/shared/generated.py,
 
 With `--proxy`, the same sessions go through the proxy instead (real uvicorn, a throwaway
 Redis) to tests/fakeprovider.py, strict: one Anthropic Messages request per assistant reply,
-holding every message before it, with `thinking: {"type": "enabled"}`; counted are the
+holding every message before it, with `thinking: {"type": "enabled"}` and `max_tokens:
+2048` (a thinking budget of 1,024), answered at once (`AT_ONCE`); counted are the
 requests, those the client got a non-2xx for, and the fake's refusals by a rule of the
 provider (`rule`), the thinking rule's among them.
 
@@ -40,6 +41,7 @@ from shared.commands.redisproc import RedisProcess
 from shared.counting.counters import HeuristicCounter
 from shared.errors import DoesNotFit, InvalidTranscript
 from shared.formats.anthropic import from_anthropic, to_anthropic
+from shared.logs import configure_logging
 from shared.messages import Message, groups, is_request
 from shared.policy import ContextPolicy
 from shared.settings import ModelWindow, Settings
@@ -49,7 +51,7 @@ from shared.strategies.lastresort import REQUEST_NAME
 from tests.api.conftest import Recorder
 from tests.api.server import serve
 from tests.conftest import load_transcript, transcript_files
-from tests.fakeprovider import FakeProvider
+from tests.fakeprovider import AT_ONCE, FakeProvider
 from tests.shared.generated import REMINDER, thinking_sessions
 from tests.shared.invariants import thinking_refusal
 
@@ -172,7 +174,7 @@ def through_proxy(
                 body: dict[str, Any] = {
                     "model": f"bench-{window}",
                     "messages": sent,
-                    "max_tokens": 4096,
+                    "max_tokens": 2048,
                     "thinking": {"type": "enabled", "budget_tokens": 1024},
                 }
                 if system:
@@ -218,12 +220,13 @@ async def main(every: int, sessions: int) -> None:
 
 
 def main_proxy(sessions: int) -> None:
+    configure_logging(json=False, level="ERROR")
     real = [with_thinking(load_transcript(p)["messages"]) for p in transcript_files()]
     corpora = (("real", [m for m in real if m is not None]), ("synthetic", synthetic(sessions)))
     redis = RedisProcess().start()
     try:
         for window in WINDOWS:
-            fake = FakeProvider(limit_tokens=window)
+            fake = FakeProvider(limit_tokens=window, pace=AT_ONCE)
             with proxy(redis.url, fake) as url:
                 for name, corpus in corpora:
                     print(name, window, dict(through_proxy(url, fake, corpus, window)), flush=True)
