@@ -5,12 +5,14 @@ The real transcripts carry no thinking blocks, so each gets them the way extende
 writes them: a thinking block at the start of the first assistant message after every
 request of the person (`is_request`), the loop's later steps without one (interleaved
 thinking off: the case of issue 23), and Claude Code's `<system-reminder>` after the tool
-results of every third step. Those that have an Anthropic form (`to_anthropic`) are read
-back as the Anthropic dialect reads them, prepared after every turn group at 8k, 16k and 32k
-windows with the default strategies, and each prompt is sent to Anthropic's rule
-(tests/shared/invariants.py, `thinking_refusal`: every assistant turn after a request starts
-with its thinking block). Long synthetic sessions (tests/shared/generated.py,
-`thinking_sessions`, fixed seeds) are replayed the same way.
+results of every third step, the step after it thinking again (a user turn that is not
+only tool results opens a turn, to the strict fake provider). Those that have an Anthropic
+form (`to_anthropic`) are read back as the Anthropic dialect reads them, prepared after
+every turn group at 8k, 16k and 32k windows with the default strategies, and each prompt
+is sent to Anthropic's rule (tests/shared/invariants.py, `thinking_refusal`: every
+assistant message after a user message that is not only tool results starts with its
+thinking block). Long synthetic sessions (tests/shared/generated.py, `thinking_sessions`,
+fixed seeds) are replayed the same way.
 
 With `--proxy`, the same sessions go through the proxy instead (real uvicorn, a throwaway
 Redis) to tests/fakeprovider.py, strict: one Anthropic Messages request per assistant reply,
@@ -85,9 +87,12 @@ def with_thinking(msgs: Sequence[Message]) -> list[Message] | None:
         system, sent = to_anthropic(out)
     except InvalidTranscript:
         return None
-    step = 0
+    step, reminded = 0, False
     for m in sent:
         content = m["content"]
+        if reminded and m["role"] == "assistant" and isinstance(content, list):
+            m["content"] = [dict(THINKING), *content]  # the step after a reminder thinks again
+        reminded = False
         if (
             m["role"] == "user"
             and isinstance(content, list)
@@ -96,6 +101,7 @@ def with_thinking(msgs: Sequence[Message]) -> list[Message] | None:
             step += 1
             if step % 3 == 0:
                 content.append({"type": "text", "text": REMINDER})
+                reminded = True
     return from_anthropic(system, sent)
 
 
