@@ -17,9 +17,11 @@ strategies themselves. The result is the one running `TruncateToolResults`,
 `ClearToolResults`, `Summarize` and `DropOldest` in order would give, message for message and
 figure for figure (tests/shared/test_cut.py replays real transcripts through both): each step
 mirrors one strategy, measuring as `Work.tokens` does. `DropOldest` drops the oldest turn
-groups between the head and the protected tail, but the user's latest message there
+groups between the head and the protected tail, but the user's latest request there
 (`Frame.pin`, see `PIN_MAX_SHARE`): at most two runs, each standing behind one marker, as the
-strategy leaves them.
+strategy leaves them. A thinking turn (shared/messages.py) is one unit: the ledger keeps the
+group starts a cut may fall at (`Ledger.cuts`), and the drop ends where the protected tail
+starts, or at the start of the thinking turn the tail starts inside (`Frame.bound`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any
 from shared.counting.calibration import CalibratedCounter, ScaledCounter, scale
 from shared.counting.counters import CachedCounter
 from shared.counting.protocol import MessageCounter
-from shared.messages import Message, ToolSpec, groups, tail_start
+from shared.messages import Message, ToolSpec, groups, is_request, tail_start, thinking_turns
 from shared.strategies import (
     ClearToolResults,
     DropOldest,
@@ -80,7 +82,10 @@ class Ledger:
         self.shortened = array("q")  # tool results TruncateToolResults changes
         self.clearable = array("q")  # tool results ClearToolResults may replace
         self.starts = array("q")  # turn groups
-        self.users = array("q")  # user messages
+        self.cuts = array("q")  # turn groups a cut may start at: not inside a thinking turn
+        self.requests = array("q")  # the person's requests (`is_request`)
+        self.inside = array("q")  # per message, the thinking turn it lies inside (-1: none)
+        self.opened = -1  # the thinking turn open after the last message (-1: none)
 
     def __len__(self) -> int:
         return len(self.cum_raw) - 1
@@ -99,8 +104,8 @@ class Ledger:
         for i, size in enumerate(sizes, start):
             m = messages[i]
             self.cum_raw.append(self.cum_raw[-1] + size)
-            if m.get("role") == "user":
-                self.users.append(i)
+            if is_request(m):
+                self.requests.append(i)
             if m.get("role") != "tool":
                 self.cum_short.append(self.cum_short[-1] + size)
                 self.cum_saved.append(self.cum_saved[-1])
@@ -116,12 +121,19 @@ class Ledger:
                 self.clearable.append(i)
                 saved = size - base.count_message({**m, "content": placeholder})
             self.cum_saved.append(self.cum_saved[-1] + saved)
+        inside, self.opened = thinking_turns(messages, start, self.opened)
+        self.inside.extend(inside)
         self._regroup(messages)
 
     def _regroup(self, messages: Sequence[Message]) -> None:
         """Group starts up to the end: only the last group can have grown."""
         last = self.starts.pop() if self.starts else 0
-        self.starts.extend(a for a, _ in groups(messages, last))
+        if self.cuts and self.cuts[-1] == last:
+            self.cuts.pop()
+        new = [a for a, _ in groups(messages, last)]
+        self.starts.extend(new)
+        inside = self.inside
+        self.cuts.extend(a for a in new if inside[a] < 0)
 
     # --- queries, for a transcript of the first `n` positions --------------------------
     def tool_count(self, n: int) -> int:
@@ -137,10 +149,20 @@ class Ledger:
         c = self.clearable
         return c[bisect_left(c, a) : bisect_left(c, b)] if a < b else array("q")
 
-    def last_user(self, n: int) -> int | None:
-        """Position of the last user message among the first `n`, None if there is none."""
-        k = bisect_left(self.users, n)
-        return self.users[k - 1] if k else None
+    def last_request(self, n: int) -> int | None:
+        """Position of the last request among the first `n`, None if there is none."""
+        k = bisect_left(self.requests, n)
+        return self.requests[k - 1] if k else None
+
+    def bound(self, tail: int) -> int:
+        """`tail`, or the start of the thinking turn position `tail` lies inside."""
+        inside = self.inside
+        return inside[tail] if tail < len(inside) and inside[tail] >= 0 else tail
+
+    def cut_starts(self, a: int, b: int) -> array[int]:
+        """Starts of the turn groups in `[a, b)` a cut may start at (`cuts`)."""
+        c = self.cuts
+        return c[bisect_left(c, a) : bisect_left(c, b)]
 
     def group_starts(self, a: int, b: int) -> array[int]:
         """Starts of the turn groups that start in `[a, b)`."""
@@ -184,7 +206,8 @@ class Frame:
     target: int
     summarize_step: bool  # a (no-op) Summarize runs between clearing and dropping
     book_given: bool
-    pin: int = -1  # the user's latest message, which `DropOldest` keeps (-1: none)
+    pin: int = -1  # the user's latest request, which `DropOldest` keeps (-1: none)
+    bound: int = -1  # where what may be dropped ends (`Ledger.bound` of `tail`)
 
 
 @dataclass
@@ -238,8 +261,9 @@ def drop(frame: Frame, steps: Steps, measure: TokenScale, raw: int, out: Outcome
 
 @dataclass(frozen=True)
 class Runs:
-    """The groups `DropOldest` may drop, oldest first: those in [head, tail) but the
-    user's latest message (`pin`, -1 for none), itself one group."""
+    """The units `DropOldest` may drop, oldest first: those in [head, bound) (a thinking
+    turn's groups as one) but the user's latest request (`pin`, -1 for none), itself one
+    group."""
 
     starts: Sequence[int]
     tail: int
@@ -249,10 +273,10 @@ class Runs:
 
     @classmethod
     def of(cls, frame: Frame) -> Runs:
-        starts = frame.ledger.group_starts(frame.head, frame.tail)
+        starts = frame.ledger.cut_starts(frame.head, frame.bound)
         pin = frame.pin
         before = bisect_left(starts, pin) if pin >= 0 else len(starts)
-        return cls(starts, frame.tail, pin, before, len(starts) - (pin >= 0))
+        return cls(starts, frame.bound, pin, before, len(starts) - (pin >= 0))
 
     def _end(self, k: int) -> int:  # where the oldest k >= 1 groups (pin included) end
         return self.starts[k] if k < len(self.starts) else self.tail
@@ -337,8 +361,8 @@ class Shortcut:
         return tail_start(self.ledger.group_starts(head, n), head, keep_recent)
 
     def pin(self, head: int, tail: int, n: int, target: int) -> int:
-        """Where `DropOldest` finds the user's latest message it keeps (`pinned`); -1: none."""
-        last = self.ledger.last_user(n)
+        """Where `DropOldest` finds the user's latest request it keeps (`pinned`); -1: none."""
+        last = self.ledger.last_request(n)
         if last is None or not head <= last < tail:
             return -1
         cum = self.ledger.cum_raw
@@ -370,7 +394,10 @@ class Shortcut:
         summarize_step = any(isinstance(s, Summarize) for s in strategies)
         target = report["target_tokens"]
         pin = self.pin(head, tail, len(transcript), target)
-        f = Frame(self.ledger, len(transcript), head, tail, target, summarize_step, book_given, pin)
+        bound = self.ledger.bound(tail)
+        f = Frame(
+            self.ledger, len(transcript), head, tail, target, summarize_step, book_given, pin, bound
+        )
         out = decide(f, self.steps, self.measure)
         if out.tokens > report["budget"]:
             return None
@@ -399,7 +426,7 @@ def decide(frame: Frame, steps: Steps, measure: TokenScale) -> Outcome:
         out.cleared_until = until
     if out.tokens <= frame.target:
         return out
-    if frame.summarize_step and frame.tail > frame.head:
+    if frame.summarize_step and frame.bound > frame.head:
         out.stale = frame.book_given
     drop(frame, steps, measure, raw, out)
     return out

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.hashing import canonical
-from shared.messages import HEAD_ROLES, Message, text_of
+from shared.messages import HEAD_ROLES, Message, is_request, text_of
 
 # A gap before the first user message is kept whole when it is at most this big (a greeting,
 # a short introduction), and so is a template before the task (in characters: it may count
@@ -215,7 +215,7 @@ def requests_in(msgs: Sequence[Message], first: int, task: int, examples: int) -
     found = [
         i
         for i in range(start, task)
-        if msgs[i].get("role") == "user" and len(text_of(msgs[i])) <= REQUEST_MAX_CHARS
+        if is_request(msgs[i]) and len(text_of(msgs[i])) <= REQUEST_MAX_CHARS
     ]
     return tuple(found[-TEMPLATE_MAX_REQUESTS:])
 
@@ -234,8 +234,8 @@ def opening_pair(msgs: Sequence[Message]) -> tuple[str, str] | None:
 
 
 def next_request(msgs: Sequence[Message], at: int) -> int | None:
-    """Index of the first user message after `at`, else None."""
-    return next((i for i in range(at + 1, len(msgs)) if msgs[i].get("role") == "user"), None)
+    """Index of the first request (`is_request`) after `at`, else None."""
+    return next((i for i in range(at + 1, len(msgs)) if is_request(msgs[i])), None)
 
 
 def task_digest(message: Message) -> str:

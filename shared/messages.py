@@ -11,10 +11,34 @@ it (its `name` says which function). The two form one turn group, as a tool pair
 dropping and summarizing keep them together; truncating and clearing leave `function`
 results alone (they only touch `tool` messages), and the last resort cuts a long one as any
 other long text. A `function` message anywhere else is refused.
+
+Two facts every strategy reads the same way, defined here once:
+
+- A *request* (`is_request`) is a message a person wrote: a user message holding the
+  person's own text or attachments. Not the rest of a tool-result turn (the text Anthropic
+  carries after `tool_result` blocks, marked `continues`), nor a message made only of blocks
+  a client injects for the model (`INJECTED_TAGS`: Claude Code's `<system-reminder>`, Codex's
+  `<environment_context>`...), nor blank text. "The user's latest request" is the last one.
+- A *thinking turn* is the part of a turn, from its first assistant message that carries a
+  thinking block (`thinks`) to the next request, that a cut keeps or removes whole. With
+  extended thinking, Anthropic refuses a request whose final assistant turn (the assistant
+  messages since the last request, across their tool results) does not start with its
+  thinking block ("messages.N.content.0.type: Expected `thinking` or `redacted_thinking`,
+  but found `text`. When `thinking` is enabled, a final `assistant` message must start with
+  a thinking block"): a tool loop cut after its first step would start with a later step.
+  The message form says it: a request with thinking on carries that block back, or
+  Anthropic would refuse the client's own request. Other providers tie items only within
+  one message, which a cut never splits: a Responses `reasoning` item to the item after it
+  (shared/formats/responses.py puts a turn's items in one assistant message), a Gemini
+  `thoughtSignature` to its own part (Gemini's `thought` parts ride as `thinking` parts, so
+  its tool loops get the rule all the same). `thinking_turns(msgs)` says which positions
+  lie inside a thinking turn, `cut_before(msgs, i)` where the latest cut at or before `i`
+  may fall.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -59,6 +83,114 @@ def groups(msgs: Sequence[Message], start: int = 0) -> list[tuple[int, int]]:
         bad = next(k for k in range(start, n) if not isinstance(msgs[k], dict))
         raise InvalidTranscript(f"message must be an object, got {_kind(msgs[bad])}", bad) from None
     return out
+
+
+# Blocks clients put into user messages for the model, which the person never wrote:
+# Claude Code's reminders, local command output and notifications; Codex's context
+# fragments (codex-rs calls them "not user intent": they make no user-turn boundary).
+INJECTED_TAGS = frozenset(
+    {
+        "system-reminder",
+        "local-command-caveat",
+        "local-command-stdout",
+        "local-command-stderr",
+        "bash-stdout",
+        "bash-stderr",
+        "task-notification",
+        "user-prompt-submit-hook",
+        "environment_context",
+        "user_instructions",
+        "turn_aborted",
+        "subagent_notification",
+    }
+)
+_INJECTED = re.compile(
+    r"<(" + "|".join(sorted(map(re.escape, INJECTED_TAGS))) + r")(?:\s[^>]*)?>.*?</\1\s*>", re.S
+)
+THINKING_PARTS = frozenset({"thinking", "redacted_thinking"})
+_NOT_OWN_PARTS = THINKING_PARTS | {"text"}  # a part of any other type is an attachment
+
+
+def is_request(m: Mapping[str, Any]) -> bool:
+    """Whether `m` is a request a person made (see the module docstring): a user message,
+    not the rest of a tool-result turn, with text of the person's own (not only
+    `INJECTED_TAGS` blocks, not blank) or an attachment (an image, a document, a file)."""
+    if m.get("role") != "user":
+        return False
+    marks = m.get("anthropic")
+    if isinstance(marks, dict) and marks.get("continues"):
+        return False
+    content = m.get("content")
+    if isinstance(content, str):
+        return _own_text(content)
+    if not isinstance(content, list):
+        return False
+    for part in content:
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        if kind not in _NOT_OWN_PARTS or (kind == "text" and _own_text(str(part.get("text")))):
+            return True
+    return False
+
+
+def _own_text(text: str) -> bool:
+    """Whether `text` says something besides injected blocks."""
+    if "</" in text:  # only then can it hold a block to strip
+        text = _INJECTED.sub("", text)
+    return bool(text) and not text.isspace()
+
+
+def thinks(m: Mapping[str, Any]) -> bool:
+    """Whether `m` is an assistant message carrying a thinking block (a `thinking` or
+    `redacted_thinking` part, not a Responses item carried as one), which opens a thinking
+    turn."""
+    if m.get("role") != "assistant":
+        return False
+    content = m.get("content")
+    return isinstance(content, list) and any(
+        isinstance(p, dict) and p.get("type") in THINKING_PARTS and "responses" not in p
+        for p in content
+    )
+
+
+def thinking_turns(
+    msgs: Sequence[Message], start: int = 0, opened: int = -1
+) -> tuple[list[int], int]:
+    """For each of `msgs[start:]`, the start of the thinking turn it lies inside, -1 when a
+    cut right before it splits none (a turn's own first message included); and the start of
+    the turn still open after the last message (-1: none).
+
+    - opened: the start of the thinking turn open at `start` (-1: none), as an earlier call
+      on `msgs[:start]` returned it.
+    """
+    out: list[int] = []
+    for i in range(start, len(msgs)):
+        m = msgs[i]
+        if is_request(m):
+            opened = -1
+            out.append(-1)
+        elif opened < 0 and thinks(m):
+            opened = i
+            out.append(-1)
+        else:
+            out.append(opened)
+    return out, opened
+
+
+def cut_before(msgs: Sequence[Message], i: int) -> int:
+    """The latest position at or before `i` where a cut splits no thinking turn: `i` itself,
+    or the start of the thinking turn `msgs[i]` lies inside (read back to the last request)."""
+    if i >= len(msgs) or is_request(msgs[i]):
+        return i
+    found = i
+    for j in range(i - 1, -1, -1):
+        m = msgs[j]
+        if is_request(m):
+            break
+        if thinks(m):
+            found = j
+    return found
 
 
 def tail_start(starts: Sequence[int], head: int, keep_recent: int) -> int:

@@ -34,7 +34,7 @@ from shared.strategies import (
     Work,
 )
 from shared.strategies.lastresort import FLOOR_CHARS, shed_kept, shorten_protected
-from shared.strategies.summarize import INDEX_SHARE
+from shared.strategies.summarize import INDEX_SHARE, best_record
 from shared.strategies.work import SizeMemo, check_pressure, measure
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.incremental import plan_cut, summary_message
@@ -255,14 +255,16 @@ class ContextPolicy:
         book: SummaryBook | None,
         hashes: Sequence[str] | None = None,
         regions: tuple[int, int] | None = None,
+        cut: Callable[[int], int] | None = None,
     ) -> tuple[list[Message], SummaryRecord | None]:
         """The prompt [head][summary][rest] from the book's best record within the protected
-        tail, and that record (`regions`: the transcript's `regions` when the caller has them;
-        `hashes`: its `prefix_hashes`, likewise)."""
+        tail that ends where a cut may fall (`best_record`), and that record (`regions`: the
+        transcript's `regions` when the caller has them; `hashes`: its `prefix_hashes`, and
+        `cut` its `cut_before`, likewise)."""
         head, tail = regions if regions is not None else self.regions(transcript)
         record = None
         if book is not None and book.records:
-            record = book.best(transcript, upto_max=tail, hashes=hashes)
+            record = best_record(book, transcript, upto_max=tail, hashes=hashes, cut=cut)
         if record is None or record.upto <= head:
             return list(transcript), None
         built = [*transcript[:head], summary_message(record, head), *transcript[record.upto :]]
@@ -501,10 +503,12 @@ class ContextPolicy:
         if book is None or not book.records:
             return None
         regions = None
+        cut = None
         if short is not None:
             head = self.head(messages).end
             regions = (head, short.tail(head, len(messages), self.keep_recent))
-        built, record = self.with_best(messages, book, hashes, regions)
+            cut = short.ledger.bound
+        built, record = self.with_best(messages, book, hashes, regions, cut)
         if record is None:
             return None
         if short is not None and regions is not None:

@@ -66,8 +66,10 @@ def does_not_fit(work: Work, after: int, floor_chars: int) -> DoesNotFit:
     count = work.counter.count
     kept = list(zip(work.messages, work.origin, strict=True))
     head = [m for m, o in kept if work.head.protects(o)]
-    tail = [m for m, o in kept if o >= work.tail_start]
-    other = [m for m, o in kept if not work.head.protects(o) and o < work.tail_start]
+    # the recent turns, with the thinking turn they start inside (kept whole)
+    bound = work.bound
+    tail = [m for m, o in kept if o >= bound]
+    other = [m for m, o in kept if not work.head.protects(o) and o < bound]
 
     def scaled(tokens: int) -> int:  # as `after` is: at pressure < 1, the size assumed
         return math.ceil(tokens / work.pressure) if work.pressure != 1.0 else tokens

@@ -7,7 +7,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 
-from shared.messages import Message, groups
+from shared.messages import Message, groups, is_request
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.work import Work
 
@@ -31,7 +31,8 @@ PIN_MAX_SHARE = 0.25
 
 class DropOldest:
     """Delete the oldest turn groups until it fits (never the head, a summary or the tail,
-    nor the user's latest message: see `PIN_MAX_SHARE`).
+    nor the user's latest message: see `PIN_MAX_SHARE`). A thinking turn goes whole or not
+    at all (shared/messages.py): it is one unit, and one the tail starts inside is kept.
 
     Each run of dropped groups leaves one marker saying how much is missing there (one run,
     right after the head, unless a cut-able gap or template before the task was dropped too,
@@ -64,24 +65,35 @@ class DropOldest:
 
 
 def droppable(work: Work) -> list[tuple[int, int]]:
-    """Positions `[a, b)` of the turn groups that may go, oldest first: before the protected
-    tail, nothing protected in them, and none of prefit's own messages (summary, marker)."""
-    origin, tail = work.origin, work.tail_start
-    end = next((p for p, o in enumerate(origin) if o >= tail), len(origin))
+    """Positions `[a, b)` of the units that may go, oldest first: turn groups, those of a
+    thinking turn together; before the protected tail and the thinking turn it starts
+    inside (`Work.bound`), nothing protected in them, and none of prefit's own messages
+    (summary, marker)."""
+    origin, bound, inside = work.origin, work.bound, work.inside()
+    end = next((p for p, o in enumerate(origin) if o >= bound), len(origin))
     pin = pinned(work, end)
-    spans = []
+    units: list[list[int]] = []  # [a, b, may go]
     for a, b in groups(work.messages):
         if b > end:
             break
-        if a != pin and all(origin[p] != SYNTHETIC and not work.protected(p) for p in range(a, b)):
-            spans.append((a, b))
-    return spans
+        free = a != pin and all(
+            origin[p] != SYNTHETIC and not work.protected(p) for p in range(a, b)
+        )
+        if origin[a] >= 0 and inside[origin[a]] >= 0:  # within the thinking turn before
+            if not units:  # one that began before the head's end: it stays
+                units.append([a, b, 0])
+            units[-1][1] = b
+            units[-1][2] &= free
+        else:
+            units.append([a, b, free])
+    return [(a, b) for a, b, free in units if free]
 
 
 def latest_request(transcript: Sequence[Message], head_end: int, tail: int) -> int | None:
-    """Index of the transcript's last user message when it stands in `[head_end, tail)`."""
+    """Index of the transcript's last request (`is_request`) when it stands in
+    `[head_end, tail)`."""
     for i in range(len(transcript) - 1, head_end - 1, -1):
-        if transcript[i].get("role") == "user":
+        if is_request(transcript[i]):
             return i if i < tail else None
     return None
 

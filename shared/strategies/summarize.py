@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from functools import partial
+
 from shared.errors import ConfigError
 from shared.logs import get_logger
-from shared.messages import Message
+from shared.messages import Message, cut_before
 from shared.strategies.clear import ClearToolResults
 from shared.strategies.origins import SYNTHETIC
 from shared.strategies.work import Work
-from shared.summaries.book import SummaryRecord
+from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.incremental import build_record, plan_cut, summary_message
 from shared.summaries.llm import LLMClient, SummarizeFn
 from shared.summaries.summarizers import FnSummarizer, LLMSummarizer, Summarizer
@@ -95,12 +98,14 @@ class Summarize:
 
     async def apply(self, work: Work) -> None:
         work.align()
-        if work.tail_start <= work.head_end:
+        if work.bound <= work.head_end:
             return
         before = work.tokens()
         record = None
         if work.book is not None:
-            record = work.book.best(work.transcript, upto_max=work.tail_start, hashes=work.hashes())
+            record = best_record(
+                work.book, work.transcript, upto_max=work.bound, hashes=work.hashes()
+            )
         if record is not None and record.upto <= work.head_end:
             record = None
         summarizer = self._own or work.summarizer
@@ -168,6 +173,31 @@ class Summarize:
     @staticmethod
     def _install(work: Work, record: SummaryRecord) -> None:
         work.replace(*_installed(work, record))
+
+
+def best_record(
+    book: SummaryBook,
+    transcript: Sequence[Message],
+    *,
+    upto_max: int,
+    hashes: Sequence[str] | None = None,
+    cut: Callable[[int], int] | None = None,
+) -> SummaryRecord | None:
+    """The book's best record reaching at most `upto_max` and ending where a cut may fall.
+
+    A record ending inside a thinking turn (shared/messages.py: written before the rule, or
+    found for another conversation with the same prefix) would leave the turn's later
+    steps without its start: the next shorter record is taken instead.
+
+    - cut: `cut_before` on `transcript` (a ledger's `bound` when the caller has one).
+    """
+    at = cut if cut is not None else partial(cut_before, transcript)
+    limit = at(upto_max)
+    while True:
+        record = book.best(transcript, upto_max=limit, hashes=hashes)
+        if record is None or at(record.upto) == record.upto:
+            return record
+        limit = record.upto - 1
 
 
 def _installed(work: Work, record: SummaryRecord) -> tuple[list[Message], list[int]]:

@@ -13,7 +13,7 @@ from shared.counting.protocol import MessageCounter
 from shared.errors import ConfigError
 from shared.hashing import prefix_hashes
 from shared.head import Head
-from shared.messages import Message, ToolSpec
+from shared.messages import Message, ToolSpec, thinking_turns
 from shared.strategies.origins import recover
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.summarizers import Summarizer
@@ -147,6 +147,22 @@ class Work:
     # the list `origin` was last known to describe: (list, ids, items, origin)
     _aligned: tuple[list[Message], list[int], list[Message], list[int]] | None = None
     sizes: SizeMemo = field(default_factory=SizeMemo)
+    _turns: list[int] | None = None
+
+    def inside(self) -> list[int]:
+        """For each position of the transcript, the start of the thinking turn it lies
+        inside, -1 for none (`shared.messages.thinking_turns`), found once per call."""
+        if self._turns is None:
+            self._turns = thinking_turns(self.transcript)[0]
+        return self._turns
+
+    @property
+    def bound(self) -> int:
+        """Where what a summary or `DropOldest` may take ends: the protected tail's start, or
+        the start of the thinking turn it lies inside, which is kept whole."""
+        tail = self.tail_start
+        inside = self.inside()
+        return inside[tail] if tail < len(inside) and inside[tail] >= 0 else tail
 
     @property
     def head_end(self) -> int:

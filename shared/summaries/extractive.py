@@ -3,7 +3,8 @@
 What an agent needs to go on, in four sections (plus `Earlier:` for a previous summary
 that was not written by this summarizer):
 
-- Task/requests: the person's own messages, verbatim (whitespace squashed to one line, markup
+- Task/requests: the person's own messages (`is_request`: not a lone `<system-reminder>`,
+  not the rest of a tool-result turn), verbatim (whitespace squashed to one line, markup
   tags dropped, each up to `max_request_chars`), not the context a client hands over and has
   acknowledged ("Ok."); a system message's first sentence(s);
 - Actions: each assistant message's first line and each tool call as `name(args-abridged)`;
@@ -31,7 +32,7 @@ from typing import Any
 
 from shared.errors import ConfigError
 from shared.head import handed_over
-from shared.messages import HEAD_ROLES, Message, text_of
+from shared.messages import HEAD_ROLES, Message, is_request, text_of
 from shared.summaries.llm import Completion
 
 CHARS_PER_TOKEN = 4
@@ -125,7 +126,7 @@ class ExtractiveSummarizer:
                 prefix = f"{role}: "
                 yield TASK, prefix + _first_sentences(text, self.max_chars - len(prefix))
             elif role == "user":  # the person's own words, unless context handed over
-                if text.strip() and not handed_over(messages, i):
+                if is_request(m) and not handed_over(messages, i):
                     yield TASK, _abridge(_squash(_TAG.sub(" ", text)), self.max_request_chars)
             elif text.strip():  # a legacy function result: its first sentences, as before
                 yield TASK, _first_sentences(text, self.max_chars)

@@ -15,7 +15,7 @@ from typing import NoReturn
 from shared.counting.protocol import MessageCounter
 from shared.errors import ConfigError, ContextLengthExceeded, RangeTooLong
 from shared.hashing import prefix_hashes
-from shared.messages import Message, groups
+from shared.messages import Message, groups, thinking_turns
 from shared.summaries.artifacts import INDEX_CHARS_PER_TOKEN, ArtifactIndex, narrative
 from shared.summaries.book import SummaryRecord
 from shared.summaries.summarizers import Summarizer
@@ -57,15 +57,21 @@ def plan_cut(
     model: str | None,
     keep_tokens: int,
 ) -> int:
-    """The earliest group boundary in [start, tail_start] whose suffix fits in `keep_tokens`.
+    """The earliest group boundary in [start, tail_start] whose suffix fits in `keep_tokens`,
+    and none inside a thinking turn (shared/messages.py: a summary takes one whole or not).
 
     Everything before the cut gets summarized; the protected tail (from `tail_start`) is
-    always kept, even when it alone exceeds `keep_tokens`.
+    always kept, even when it alone exceeds `keep_tokens`, and so is the thinking turn it
+    starts inside.
     """
-    bounds = [a for a, _ in groups(transcript, start)]
-    suffix = sum(counter.count_message(m, model) for m in transcript[tail_start:])
-    cut = tail_start
-    for a in reversed([b for b in bounds if b < tail_start]):
+    inside = thinking_turns(transcript)[0]
+    end = tail_start
+    if end < len(inside) and inside[end] >= 0:
+        end = inside[end]
+    bounds = [a for a, _ in groups(transcript, start) if inside[a] < 0]
+    suffix = sum(counter.count_message(m, model) for m in transcript[end:])
+    cut = end
+    for a in reversed([b for b in bounds if b < end]):
         size = sum(counter.count_message(m, model) for m in transcript[a:cut])
         if suffix + size > keep_tokens:
             break

@@ -93,3 +93,107 @@ def transcripts(draw: st.DrawFn, max_groups: int = 30) -> list[dict[str, Any]]:
             }
         )
     return msgs
+
+
+REMINDER = "<system-reminder>\nThe TodoWrite tool hasn't been used recently.\n</system-reminder>"
+
+
+def _thinking_block(draw: st.DrawFn) -> dict[str, Any]:
+    if draw(st.integers(0, 5)) == 0:
+        return {"type": "redacted_thinking", "data": "EmwKAhgB" * draw(st.integers(1, 40))}
+    return {"type": "thinking", "thinking": draw(sized), "signature": "ErUBCkYIBRgC" * 8}
+
+
+@st.composite
+def thinking_sessions(draw: st.DrawFn, max_turns: int = 5) -> tuple[Any, list[dict[str, Any]]]:
+    """Anthropic Messages sessions with extended thinking, as Claude Code sends them:
+    `(system, messages)`. Each turn is a person's request (a `<system-reminder>` block before
+    it, sometimes; a lone reminder message before it, sometimes), then a tool loop whose first
+    assistant message starts with a thinking block (with interleaved thinking, later steps
+    too), parallel calls, reminders after tool results in the same user turn, and a final
+    answer, or the loop still running at the end."""
+    system = [{"type": "text", "text": "You are Claude Code. " + draw(sized)}]
+    out: list[dict[str, Any]] = []
+    turns = draw(st.integers(1, max_turns))
+    ids = 0
+    for t in range(turns):
+        if t and draw(st.integers(0, 3)) == 0:
+            out.append({"role": "user", "content": REMINDER})
+        request: list[dict[str, Any]] = [{"type": "text", "text": "Please " + draw(sized)}]
+        if draw(st.booleans()):
+            request.insert(0, {"type": "text", "text": REMINDER})
+        out.append({"role": "user", "content": request})
+        steps = draw(st.integers(0, 8))
+        interleaved = draw(st.booleans())
+        for k in range(steps):
+            content: list[dict[str, Any]] = []
+            if k == 0 or (interleaved and draw(st.booleans())):
+                content.append(_thinking_block(draw))
+            if draw(st.booleans()):
+                content.append({"type": "text", "text": draw(sized)})
+            uses = []
+            for _ in range(draw(st.integers(1, 3))):
+                ids += 1
+                uses.append(
+                    {"type": "tool_use", "id": f"toolu_{ids}", "name": "Bash", "input": {"n": ids}}
+                )
+            out.append({"role": "assistant", "content": content + uses})
+            results: list[dict[str, Any]] = [
+                {"type": "tool_result", "tool_use_id": u["id"], "content": draw(sized)}
+                for u in uses
+            ]
+            if draw(st.integers(0, 2)) == 0:
+                results.append({"type": "text", "text": REMINDER})
+            out.append({"role": "user", "content": results})
+        if t < turns - 1 or steps == 0 or draw(st.booleans()):
+            answer: list[dict[str, Any]] = [{"type": "text", "text": draw(sized)}]
+            if steps == 0 or (interleaved and draw(st.booleans())):
+                answer.insert(0, _thinking_block(draw))
+            out.append({"role": "assistant", "content": answer})
+    return system, out
+
+
+@st.composite
+def reasoning_sessions(draw: st.DrawFn, max_turns: int = 4) -> list[dict[str, Any]]:
+    """Responses API `input` items of a reasoning model's sessions, as Codex sends them:
+    each step a `reasoning` item with its `encrypted_content` followed by the item it
+    produced (a `function_call`, or the closing message), outputs after their calls."""
+    items: list[dict[str, Any]] = []
+    calls = 0
+    for t in range(draw(st.integers(1, max_turns))):
+        if not t:
+            items.append(_input("<environment_context>\n<cwd>/repo</cwd>\n</environment_context>"))
+        items.append(_input("Please " + draw(sized)))
+        for _ in range(draw(st.integers(0, 6))):
+            calls += 1
+            items.append(_reasoning(calls, draw))
+            items.append(
+                {
+                    "type": "function_call",
+                    "call_id": f"call_{calls}",
+                    "name": "shell",
+                    "arguments": '{"command": ["ls"]}',
+                }
+            )
+            items.append(
+                {"type": "function_call_output", "call_id": f"call_{calls}", "output": draw(sized)}
+            )
+        if draw(st.booleans()):
+            calls += 1
+            items.append(_reasoning(calls, draw))
+            text = [{"type": "output_text", "text": draw(sized)}]
+            items.append({"type": "message", "role": "assistant", "content": text})
+    return items
+
+
+def _input(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def _reasoning(n: int, draw: st.DrawFn) -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": f"rs_{n}",
+        "summary": [{"type": "summary_text", "text": draw(text)}],
+        "encrypted_content": "gAAAAAB" * draw(st.integers(1, 200)),
+    }

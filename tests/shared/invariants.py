@@ -7,7 +7,8 @@ from typing import Any
 
 from shared.counting.protocol import TokenCounter
 from shared.errors import DoesNotFit
-from shared.messages import Message, groups, validate
+from shared.formats.anthropic import to_anthropic
+from shared.messages import Message, groups, is_request, thinking_turns, validate
 from shared.policy import ContextPolicy, Prepared
 from shared.strategies.drop import drop_marker
 
@@ -103,11 +104,12 @@ def _check_latest_request(
     model: str | None,
     pressure: float,
 ) -> None:
-    """The user's latest message is kept unless a summary folds it in, it is large, or the
-    prompt with it back (and the marker a second run of dropped turns needs) is over budget."""
+    """The user's latest request (`is_request`: not a reminder, not the rest of a tool-result
+    turn) is kept unless a summary folds it in, it is large, or the prompt with it back (and
+    the marker a second run of dropped turns needs) is over budget."""
     report = prepared.report
     assert report is not None
-    last = max((i for i, m in enumerate(transcript) if m.get("role") == "user"), default=None)
+    last = max((i for i, m in enumerate(transcript) if is_request(m)), default=None)
     if last is None or transcript[last] in prepared.messages:
         return
     summary = report["summary"]
@@ -146,3 +148,74 @@ def assert_justified(e: DoesNotFit) -> None:
     """A refusal's own figures show what was kept is over the budget (no pressure applied)."""
     kept = e.head_tokens + e.tail_tokens + e.tools_tokens + e.other_tokens
     assert kept > e.budget, f"refused although what was kept ({kept}) is within {e.budget}"
+
+
+def check_thinking(transcript: Sequence[Message], out: Sequence[Message]) -> None:
+    """Every thinking turn (shared/messages.py) is kept whole or not at all, and, sent to
+    Anthropic, every assistant turn the prompt holds starts with its thinking block, the
+    final one included (the transcripts given open every turn with one, as thinking does)."""
+    inside, _ = thinking_turns(transcript)
+    turns: dict[int, list[int]] = {}
+    for i, start in enumerate(inside):
+        if start >= 0:
+            turns.setdefault(start, [start]).append(i)
+    errors = [_thinking_split(turns, set(w)) for w in (origins(transcript, out),)]
+    errors.append(_thinking_split(turns, set(latest_origins(transcript, out))))
+    assert None in errors, errors[0]
+    _, sent = to_anthropic(out)
+    refusal = thinking_refusal(sent)
+    assert refusal is None, refusal
+
+
+def thinking_refusal(sent: Sequence[dict[str, Any]]) -> str | None:
+    """Anthropic's refusal of Anthropic `messages` with thinking on, when an assistant turn
+    after a user's own message (not only tool results) does not start with a thinking
+    block (for transcripts that open every turn with one); None when none is found."""
+    for k in range(1, len(sent)):
+        before, m = sent[k - 1], sent[k]
+        if m["role"] != "assistant" or before["role"] != "user" or _results(before):
+            continue
+        first = m["content"][0]["type"] if isinstance(m["content"], list) else "text"
+        if first not in ("thinking", "redacted_thinking"):
+            return (
+                f"messages.{k}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+                f"found `{first}`. When `thinking` is enabled, a final `assistant` message must "
+                "start with a thinking block"
+            )
+    return None
+
+
+def _results(m: dict[str, Any]) -> bool:
+    content = m.get("content")
+    return isinstance(content, list) and any(b.get("type") == "tool_result" for b in content)
+
+
+def _thinking_split(turns: dict[int, list[int]], kept: set[int]) -> str | None:
+    for start, members in turns.items():
+        present = [i in kept for i in members]
+        if any(present) and not all(present):
+            return f"thinking turn from {start} split: {sorted(kept & set(members))} kept"
+    return None
+
+
+def check_reasoning(items: Sequence[dict[str, Any]]) -> None:
+    """Sent to the Responses API, every reasoning item is followed by the item it produced
+    ("Item 'rs_..' of type 'reasoning' was provided without its required following item"),
+    and every function_call_output answers a call sent before it."""
+    called: set[str] = set()
+    for k, item in enumerate(items):
+        if item.get("type") == "reasoning":
+            after = items[k + 1] if k + 1 < len(items) else {}
+            assert (
+                after.get("type") in ("function_call", "message")
+                and after.get("role", "assistant") == "assistant"
+            ), (
+                f"Item '{item['id']}' of type 'reasoning' was provided without its required "
+                "following item."
+            )
+        if item.get("type") == "function_call":
+            called.add(item["call_id"])
+        if item.get("type") == "function_call_output":
+            assert item["call_id"] in called, (
+                f"No tool call found for function call output with call_id {item['call_id']}."
+            )

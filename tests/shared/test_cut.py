@@ -16,6 +16,7 @@ from shared.counting.counters import HeuristicCounter, TiktokenCounter
 from shared.counting.protocol import TokenCounter
 from shared.cut import TokenScale, default_steps
 from shared.errors import ConfigError, DoesNotFit
+from shared.formats.anthropic import from_anthropic
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy, Prepared
@@ -23,7 +24,7 @@ from shared.strategies import ClearToolResults, DropOldest, Summarize, TruncateT
 from shared.strategies.work import MIN_PRESSURE
 from shared.summaries.book import SummaryBook, SummaryRecord
 from tests.conftest import load_transcript, long_session, needs_transcripts, transcript_files
-from tests.shared.generated import transcripts
+from tests.shared.generated import thinking_sessions, transcripts
 
 pytestmark = pytest.mark.anyio
 
@@ -123,6 +124,19 @@ async def test_a_thousand_message_session() -> None:
     session = long_session(1000)
     fast, slow = twins(128_000, HeuristicCounter())
     await replay(fast, slow, session, every=7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(thinking_sessions(), st.sampled_from([2_000, 6_000, 20_000]), st.integers(1, 4))
+async def test_thinking_sessions_turn_by_turn(
+    session: tuple[Any, list[dict[str, Any]]], window: int, keep_recent: int
+) -> None:
+    """Sessions with extended thinking, replayed message by message: the ledger keeps each
+    thinking turn whole exactly as the strategies do."""
+    msgs = from_anthropic(*session)
+    fast, slow = twins(window, HeuristicCounter(), reserve_output=500, keep_recent=keep_recent)
+    for end in range(1, len(msgs) + 1):
+        await assert_same(fast, slow, msgs[:end])
 
 
 settings_used = st.fixed_dictionaries(

@@ -1,16 +1,19 @@
-"""Validation, turn groups and the head of OpenAI-format transcripts."""
+"""Validation, turn groups, requests, thinking turns and the head of OpenAI-format transcripts."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from shared.errors import InvalidRequest, InvalidTranscript
+from shared.formats.anthropic import from_anthropic
 from shared.head import head_end
-from shared.messages import groups, validate
+from shared.messages import cut_before, groups, is_request, thinking_turns, thinks, validate
 from tests.builders import calling, tool_call
 from tests.conftest import load_transcript, needs_transcripts, transcript_files
+from tests.shared.generated import REMINDER, thinking_sessions
 
 
 def test_groups_keep_calls_with_their_results() -> None:
@@ -238,3 +241,106 @@ def test_misplaced_legacy_function_messages_are_refused(
     with pytest.raises(InvalidTranscript) as info:
         validate(msgs)
     assert info.value.index == index and reason in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("Fix the build", True),
+        (REMINDER, False),
+        (REMINDER + "\n\n  ", False),
+        (REMINDER + "\nFix the build", True),
+        ("<environment_context><cwd>/r</cwd></environment_context>", False),
+        (
+            "<system-reminder>a</system-reminder><local-command-stdout>b</local-command-stdout>",
+            False,
+        ),
+        ("<div>my own markup</div>", True),
+        ("", False),
+        ("   ", False),
+        ([{"type": "text", "text": REMINDER}, {"type": "text", "text": "Rename it"}], True),
+        ([{"type": "text", "text": REMINDER}], False),
+        (
+            [{"type": "text", "text": REMINDER}, {"type": "image_url", "image_url": {"url": "u"}}],
+            True,
+        ),
+    ],
+)
+def test_a_request_is_what_the_person_wrote(content: Any, expected: bool) -> None:
+    """A user message is a request when the person wrote something in it: not only injected
+    blocks, not blank; an attachment counts."""
+    assert is_request({"role": "user", "content": content}) is expected
+
+
+def test_the_rest_of_a_tool_result_turn_is_no_request() -> None:
+    """Text after tool results in one Anthropic user turn is that turn's, not a request;
+    nor is anything an assistant or a tool says."""
+    msgs = from_anthropic(
+        None,
+        [
+            {"role": "user", "content": "go"},
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t", "content": "ok"},
+                    {"type": "text", "text": "and also do this"},
+                ],
+            },
+        ],
+    )
+    assert [is_request(m) for m in msgs] == [True, False, False, False]
+
+
+def test_a_thinking_turn_runs_from_its_first_thinking_step_to_the_next_request() -> None:
+    """Positions inside a thinking turn name its start; the turn's own first message, the
+    messages before it and the next request do not."""
+    think = {"type": "thinking", "thinking": "plan", "signature": "s"}
+    use = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+    use2 = {"type": "tool_use", "id": "t2", "name": "f", "input": {}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": "r"}
+    result2 = {"type": "tool_result", "tool_use_id": "t2", "content": "r"}
+    msgs = from_anthropic(
+        "sys",
+        [
+            {"role": "user", "content": "task"},  # 1
+            {"role": "assistant", "content": [think, {"type": "text", "text": "a"}, use]},  # 2
+            {"role": "user", "content": [result, {"type": "text", "text": REMINDER}]},  # 3, 4
+            {"role": "assistant", "content": [{"type": "text", "text": "b"}, use2]},  # 5
+            {"role": "user", "content": [result2]},  # 6
+            {"role": "user", "content": REMINDER},  # 7: no request, the turn goes on
+            {"role": "assistant", "content": "done"},  # 8
+            {"role": "user", "content": "next"},  # 9
+        ],
+    )
+    assert [thinks(m) for m in msgs] == [i == 2 for i in range(10)]
+    inside, opened = thinking_turns(msgs)
+    assert inside == [-1, -1, -1, 2, 2, 2, 2, 2, 2, -1] and opened == -1
+    assert [cut_before(msgs, i) for i in range(11)] == [0, 1, 2, 2, 2, 2, 2, 2, 2, 9, 10]
+    assert thinking_turns(msgs[:6]) == ([-1, -1, -1, 2, 2, 2], 2)
+    assert thinking_turns(msgs, 6, opened=2)[0] == [2, 2, 2, -1]
+
+
+def test_a_responses_reasoning_item_opens_no_thinking_turn() -> None:
+    """Responses items carried as `thinking` parts are tied only within their message."""
+    carried = {"type": "thinking", "thinking": '{"type":"reasoning"}', "responses": "item"}
+    assert not thinks({"role": "assistant", "content": [carried]})
+    redacted = {"type": "redacted_thinking", "data": "x"}
+    assert thinks({"role": "assistant", "content": [redacted], "tool_calls": []})
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(thinking_sessions())
+def test_the_two_readings_of_thinking_turns_agree(session: tuple[Any, Any]) -> None:
+    """`thinking_turns` read in one pass, in two at any split, and `cut_before` read backwards
+    place the same cuts."""
+    msgs = from_anthropic(*session)
+    inside, _ = thinking_turns(msgs)
+    for split in range(len(msgs) + 1):
+        head, opened = thinking_turns(msgs[:split])
+        assert head + thinking_turns(msgs, split, opened)[0] == inside
+    for i in range(len(msgs)):
+        assert cut_before(msgs, i) == (inside[i] if inside[i] >= 0 else i)

@@ -19,6 +19,8 @@ from shared.errors import (
     RetryableLLMError,
     UnknownModel,
 )
+from shared.formats.anthropic import from_anthropic
+from shared.formats.responses import from_responses, to_responses
 from shared.hashing import prefix_hashes
 from shared.messages import Message, groups
 from shared.policy import ContextPolicy
@@ -27,8 +29,18 @@ from shared.strategies.drop import drop_marker
 from shared.summaries.book import SummaryBook, SummaryRecord
 from shared.summaries.llm import Completion
 from tests.builders import agent_chat
-from tests.shared.generated import transcripts
-from tests.shared.invariants import assert_uncuttable, check
+from tests.shared.generated import (
+    REMINDER,
+    reasoning_sessions,
+    thinking_sessions,
+    transcripts,
+)
+from tests.shared.invariants import (
+    assert_uncuttable,
+    check,
+    check_reasoning,
+    check_thinking,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -577,3 +589,138 @@ async def test_the_latest_request_stays_while_older_turns_are_in() -> None:
     policy = ContextPolicy(budget + 1024, counter=COUNTER, reserve_output=1024, strategies=[])
     with pytest.raises(DoesNotFit):
         await policy.prepare(msgs)
+
+
+THINKING_SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@THINKING_SETTINGS
+@given(thinking_sessions(), st.integers(1500, 40_000), st.sampled_from([1.0, 0.8, 0.5]))
+async def test_thinking_turns_are_kept_whole_at_every_window(
+    session: tuple[Any, list[dict[str, Any]]], window: int, pressure: float
+) -> None:
+    """Tool loops with extended thinking, at any window: every thinking turn is kept whole
+    or not at all, so Anthropic finds each assistant turn starting with its thinking block;
+    every tool_use keeps its result, and the latest request kept is the person's."""
+    msgs = from_anthropic(*session)
+    policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
+    try:
+        out = await policy.prepare(msgs, pressure=pressure)
+    except DoesNotFit as e:
+        assert_uncuttable(e)
+        return
+    check(policy, msgs, out, counter=COUNTER, pressure=pressure)
+    check_thinking(msgs, out.messages)
+
+
+@THINKING_SETTINGS
+@given(thinking_sessions(), st.integers(1500, 20_000))
+async def test_thinking_turns_are_summarized_whole(
+    session: tuple[Any, list[dict[str, Any]]], window: int
+) -> None:
+    """With a summarizer, a summary ends where no thinking turn goes on past it."""
+    msgs = from_anthropic(*session)
+    policy = ContextPolicy(
+        window + 1024, counter=COUNTER, reserve_output=1024, summarizer=CountingSummarizer()
+    )
+    try:
+        out = await policy.prepare(msgs, book=SummaryBook())
+    except DoesNotFit:
+        return
+    check(policy, msgs, out, counter=COUNTER)
+    check_thinking(msgs, out.messages)
+
+
+@THINKING_SETTINGS
+@given(thinking_sessions(), st.integers(1500, 20_000))
+async def test_a_record_ending_inside_a_thinking_turn_is_not_served(
+    session: tuple[Any, list[dict[str, Any]]], window: int
+) -> None:
+    """A book with a record for every prefix (another conversation's, or one written before
+    the rule): only those ending where a cut may fall are served."""
+    msgs = from_anthropic(*session)
+    hashes = prefix_hashes(msgs)
+    book = SummaryBook([SummaryRecord(k, hashes[k], "done so far") for k in range(1, len(msgs))])
+    policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
+    try:
+        out = await policy.prepare(msgs, book=book)
+    except DoesNotFit:
+        return
+    check_thinking(msgs, out.messages)
+
+
+def issue_23_loop(steps: int) -> list[Message]:
+    """The loop of issue 23: a task, then a tool loop whose first step alone carries the
+    thinking block, longer than the recent turns kept, with reminders after the results."""
+    out: list[dict[str, Any]] = [{"role": "user", "content": "Rename the cache module"}]
+    for k in range(steps):
+        use = {"type": "tool_use", "id": f"toolu_{k}", "name": "Bash", "input": {"k": k}}
+        content: list[dict[str, Any]] = [{"type": "text", "text": f"step {k}"}, use]
+        if k == 0:
+            content.insert(0, {"type": "thinking", "thinking": "plan " * 50, "signature": "s"})
+        out.append({"role": "assistant", "content": content})
+        result = {"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "x " * 900}
+        out.append({"role": "user", "content": [result, {"type": "text", "text": REMINDER}]})
+    return from_anthropic("You are Claude Code.", out)
+
+
+async def test_the_issue_23_loop_at_every_window() -> None:
+    """Issue 23's request, at every window from the smallest that holds the recent turns:
+    the loop's thinking step is never dropped while later steps stay (the whole loop is
+    kept, its older results cleared), and no reminder is taken for the request."""
+    msgs = issue_23_loop(12)
+    fitted = 0
+    for window in range(2_000, 16_000, 250):
+        policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
+        try:
+            out = await policy.prepare(msgs)
+        except DoesNotFit as e:
+            assert_uncuttable(e)
+            continue
+        fitted += 1
+        check(policy, msgs, out, counter=COUNTER)
+        check_thinking(msgs, out.messages)
+        assert msgs[2] in out.messages, "the loop's thinking step was dropped"
+    assert fitted > 40
+
+
+async def test_a_reminder_is_never_pinned_as_the_request() -> None:
+    """DropOldest keeps the person's latest request between the head and the recent turns,
+    not a lone `<system-reminder>` that came after it."""
+    msgs: list[Message] = [{"role": "user", "content": "Fix the build"}]
+    for k in range(20):
+        msgs += [
+            {"role": "assistant", "content": f"answer {k} " + "y" * 2000},
+            {"role": "user", "content": f"follow-up {k}"},
+        ]
+    msgs += [
+        {"role": "user", "content": REMINDER},
+        *[{"role": "assistant", "content": f"note {k} " + "z" * 1500} for k in range(6)],
+    ]
+    policy = ContextPolicy(4_000 + 1024, counter=COUNTER, reserve_output=1024)
+    out = await policy.prepare(msgs)
+    check(policy, msgs, out, counter=COUNTER)
+    assert {"role": "user", "content": "follow-up 19"} in out.messages
+    assert {"role": "user", "content": REMINDER} not in out.messages
+
+
+@THINKING_SETTINGS
+@given(reasoning_sessions(), st.integers(1500, 20_000))
+async def test_reasoning_items_keep_the_item_they_produced(
+    items: list[dict[str, Any]], window: int
+) -> None:
+    """Responses sessions of a reasoning model: sent back, every reasoning item is followed
+    by its call or message, and every output by its call, at any window."""
+    msgs = from_responses("You are Codex.", items)
+    policy = ContextPolicy(window + 1024, counter=COUNTER, reserve_output=1024)
+    try:
+        out = await policy.prepare(msgs)
+    except DoesNotFit as e:
+        assert_uncuttable(e)
+        return
+    check(policy, msgs, out, counter=COUNTER)
+    check_reasoning(to_responses(out.messages))

@@ -22,8 +22,10 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fastapi import Response
+
 from api.codec import dumps
-from api.proxy.compaction import HEADER, expand, server_state
+from api.proxy.compaction import HEADER, CompactRelay, expand, server_state, triggered
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
@@ -111,6 +113,11 @@ def event_type(event: bytes) -> str | None:
 
 class ResponsesRelay(Relay):
     """One `POST /v1/responses`: fitted unless it continues server-side state."""
+
+    async def run(self) -> Response:
+        if triggered(self.body):  # Codex's compaction turn: answered by prefit
+            return await CompactRelay.triggered_by(self).run()
+        return await super().run()
 
     async def _first_fit(self) -> Fit | None:
         expanded = await expand(self.svc, self.caller.tenant, self.body)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +40,20 @@ def fake() -> FakeProvider:
     """An upstream without OpenAI's compaction: its /v1/responses/compact is a 404 and it
     refuses a `compaction` input item."""
     return FakeProvider(limit_tokens=20_000, compaction=False)
+
+
+# the first turn of a 60-turn session is read, converted and counted from nothing: on a loaded
+# 2-core machine that passed the 2 s request deadline, which is not what these tests check
+SLOW_OK = {"request_deadline_s": 10.0}
+
+
+@pytest.fixture
+def proxy(
+    redis_url: str, tenant: str, model: str, fake: FakeProvider, recorder: Recorder
+) -> Iterator[Proxy]:
+    """prefit in front of the upstream without compaction, as the test's tenant."""
+    with serving(redis_url, tenant, model, fake, recorder, **SLOW_OK) as p:
+        yield p
 
 
 async def summarized(
@@ -144,9 +159,10 @@ async def test_a_summary_made_ahead_answers_the_compaction_and_the_next_turns_ex
 def test_without_a_summary_the_compaction_is_the_cheap_fit_and_asks_for_the_summary(
     proxy: Proxy, recorder: Recorder
 ) -> None:
-    """No record yet: over the trigger the answer is the transcript as prefit fits it now
-    (no compaction item, no model call, the task kept) and the summary job is sent; under it
-    the transcript comes back as it was."""
+    """No record yet: the answer is the transcript as prefit fits it (no compaction item, no
+    model call, the task kept) and the summary job is sent; under the trigger, fitted as if
+    the window were the transcript's own size (the client wants it smaller); what nothing
+    can shorten (the recent turns only) comes back as it was."""
     items = codex_session(60)
     r = compact(proxy, items)
     assert r.status_code == 200 and r.headers[HEADER] == "cheap"
@@ -155,6 +171,11 @@ def test_without_a_summary_the_compaction_is_the_cheap_fit_and_asks_for_the_summ
     assert output[:2] == items[:2] and len(str(output)) < len(str(items))
     assert proxy.fake.received == []
     wait_for(lambda: recorder.jobs)
+    under = codex_session(20)
+    r = compact(proxy, under)
+    assert r.headers["x-prefit-fit"] == "compacted (cheap)"
+    assert int(r.headers["x-prefit-tokens-after"]) < int(r.headers["x-prefit-tokens-before"])
+    assert r.json()["output"][:2] == under[:2] and r.json()["output"][-1] == under[-1]
     short = codex_session(2)
     r = compact(proxy, short)
     assert r.headers[HEADER] == "unchanged" and r.json()["output"] == short
@@ -167,7 +188,7 @@ async def test_an_altered_or_foreign_item_is_refused_and_never_expanded(
     the item, and nothing reaches the upstream; the seal verifies only for its tenant."""
     other = f"other-{uuid.uuid4().hex[:8]}"
     api_keys = f"{tenant}:{key_of(tenant)},{other}:{key_of(other)}"
-    with serving(redis_url, tenant, model, fake, recorder, api_keys=api_keys) as proxy:
+    with serving(redis_url, tenant, model, fake, recorder, api_keys=api_keys, **SLOW_OK) as proxy:
         items = codex_session(60)
         await summarized(proxy, items)
         output = compact(proxy, items).json()["output"]
@@ -213,7 +234,8 @@ async def test_an_item_whose_record_is_gone_is_dropped_and_the_session_goes_on(
 @pytest.fixture
 def openai_like(redis_url: str, tenant: str, model: str, recorder: Recorder) -> Iterator[Proxy]:
     """prefit in front of an upstream that knows compaction items (OpenAI)."""
-    with serving(redis_url, tenant, model, FakeProvider(limit_tokens=20_000), recorder) as p:
+    upstream = FakeProvider(limit_tokens=20_000)
+    with serving(redis_url, tenant, model, upstream, recorder, **SLOW_OK) as p:
         yield p
 
 
@@ -267,3 +289,58 @@ async def test_the_agents_sdk_compaction_session_compacts_through_prefit(proxy: 
     assert any(t.startswith(SUMMARY) for t in texts(sent)) and TASK in texts(sent)
     assert [r.path for r in proxy.fake.received] == ["/v1/responses", "/v1/responses"]
     assert proxy.info(conv)
+
+
+def codex_compaction_turn(proxy: Proxy, items: list[dict[str, Any]]) -> httpx.Response:
+    """Codex's compaction turn (compact_remote_v2.rs): its history and a trigger, streamed."""
+    body = {
+        "model": proxy.model,
+        "instructions": INSTRUCTIONS,
+        "input": [*items, {"type": "compaction_trigger"}],
+        "stream": True,
+        "store": False,
+    }
+    headers = {"Authorization": f"Bearer {proxy.key}"}
+    return httpx.post(f"{proxy.url}/v1/responses", json=body, headers=headers, timeout=30)
+
+
+def streamed_items(r: httpx.Response) -> list[dict[str, Any]]:
+    """The items of the `response.output_item.done` events of a streamed answer."""
+    out = []
+    for block in r.text.split("\n\n"):
+        data = [line[6:] for line in block.splitlines() if line.startswith("data: ")]
+        if data:
+            event = json.loads(data[0])
+            if event["type"] == "response.output_item.done":
+                out.append(event["item"])
+    assert '"type":"response.completed"' in r.text.replace(" ", "")
+    return out
+
+
+@pytest.mark.parametrize("ahead", [True, False])
+async def test_codex_compaction_turn_is_answered_with_one_item_that_carries_the_rest(
+    proxy: Proxy, ahead: bool
+) -> None:
+    """A `POST /v1/responses` whose input ends in `compaction_trigger` (current Codex) never
+    goes upstream: its stream holds exactly one compaction item. Codex keeps the user
+    messages and that item; the next turn gets, in its place, the summary (when one was made
+    ahead) and every other item prefit kept, so the recent tool output is still there."""
+    items = codex_session(60)
+    if ahead:
+        await summarized(proxy, items)
+    before = len(proxy.fake.received)
+    r = codex_compaction_turn(proxy, items)
+    assert r.status_code == 200 and r.headers[HEADER] == ("summary" if ahead else "cheap")
+    output = streamed_items(r)
+    assert [i["type"] for i in output] == ["compaction"]
+    assert len(proxy.fake.received) == before
+    kept = [i for i in items if i.get("role") == "user"]  # what Codex retains
+    history = [*kept, output[0], {"role": "user", "content": "continue"}]
+    r = turn(proxy, history)
+    assert r.status_code == 200 and r.headers[HEADER] == "expanded"
+    sent = proxy.fake.received[-1].body["input"]
+    assert {i.get("type") for i in sent}.isdisjoint({"compaction", "compaction_trigger"})
+    assert TASK in texts(sent) and sent[-1] == history[-1]
+    assert any(t.startswith(SUMMARY) for t in texts(sent)) == ahead
+    last_output = next(i for i in reversed(items) if "output" in i)
+    assert any(i.get("call_id") == last_output["call_id"] for i in sent)

@@ -1,0 +1,152 @@
+"""Tool loops with extended thinking, replayed turn by turn: what a strict Anthropic upstream
+would refuse of the prompts prefit makes, and whether the person's latest request survives.
+
+The real transcripts carry no thinking blocks, so each gets them the way extended thinking
+writes them: a thinking block at the start of the first assistant message after every
+request of the person (`is_request`), the loop's later steps without one (interleaved
+thinking off: the case of issue 23), and Claude Code's `<system-reminder>` after the tool
+results of every third step. Those that have an Anthropic form (`to_anthropic`) are read
+back as the Anthropic dialect reads them, prepared after every turn group at 8k, 16k and 32k
+windows with the default strategies, and each prompt is sent to Anthropic's rule
+(tests/shared/invariants.py, `thinking_refusal`: every assistant turn after a request starts
+with its thinking block). Long synthetic sessions (tests/shared/generated.py,
+`thinking_sessions`, fixed seeds) are replayed the same way.
+
+    uv run python -m bench.thinking_turns [--every 1] [--sessions 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.counting.counters import HeuristicCounter
+from shared.errors import DoesNotFit, InvalidTranscript
+from shared.formats.anthropic import from_anthropic, to_anthropic
+from shared.messages import Message, groups, is_request
+from shared.policy import ContextPolicy
+from shared.strategies.drop import PIN_MAX_SHARE
+from shared.strategies.lastresort import REQUEST_NAME
+from tests.conftest import load_transcript, transcript_files
+from tests.shared.generated import REMINDER, thinking_sessions
+from tests.shared.invariants import thinking_refusal
+
+WINDOWS = (8_000, 16_000, 32_000)
+COUNTER = HeuristicCounter()
+THINKING = {
+    "type": "thinking",
+    "thinking": "Let me think about this step. " * 20,
+    "signature": "Eq",
+}
+
+
+def with_thinking(msgs: Sequence[Message]) -> list[Message] | None:
+    """`msgs` as a Claude session with extended thinking sends them (see the module
+    docstring), read back by the Anthropic dialect; None when they have no Anthropic form."""
+    out: list[Message] = []
+    opened = False
+    for m in msgs:
+        if is_request(m):
+            opened = True
+        if m.get("role") == "assistant" and opened:
+            content = m.get("content")
+            parts = (
+                [{"type": "text", "text": content}] if isinstance(content, str) and content else []
+            )
+            parts = list(content) if isinstance(content, list) else parts
+            m = {**m, "content": [dict(THINKING), *parts]}
+            opened = False
+        out.append(m)
+    try:
+        system, sent = to_anthropic(out)
+    except InvalidTranscript:
+        return None
+    step = 0
+    for m in sent:
+        content = m["content"]
+        if (
+            m["role"] == "user"
+            and isinstance(content, list)
+            and content[0]["type"] == "tool_result"
+        ):
+            step += 1
+            if step % 3 == 0:
+                content.append({"type": "text", "text": REMINDER})
+    return from_anthropic(system, sent)
+
+
+async def replay(msgs: list[Message], window: int, every: int, tally: dict[str, int]) -> None:
+    """Prepare `msgs` after every `every`-th turn group, checking each prompt."""
+    policy = ContextPolicy(window, counter=COUNTER, reserve_output=1024)
+    ends = [b for _, b in groups(msgs)][::every]
+    for end in ends:
+        prefix = msgs[:end]
+        tally["prompts"] += 1
+        try:
+            out = await policy.prepare(prefix, conversation="bench")
+        except DoesNotFit:
+            tally["does not fit"] += 1
+            continue
+        assert out.report is not None
+        tally["cut"] += bool(out.report["changed"])
+        tally["refused by Anthropic"] += thinking_refusal(to_anthropic(out.messages)[1]) is not None
+        last = max((i for i, m in enumerate(prefix) if is_request(m)), default=None)
+        if last is None or prefix[last] in out.messages or out.report["summary"] is not None:
+            continue
+        shed = any(a["strategy"] == REQUEST_NAME for a in out.report["applied"])
+        small = COUNTER.count_message(prefix[last]) <= PIN_MAX_SHARE * out.report["target_tokens"]
+        tally["latest request lost" if small and not shed else "latest request shed"] += 1
+
+
+def synthetic(n: int) -> list[list[Message]]:
+    """`n` long thinking sessions, the same ones every run."""
+    found: list[list[Message]] = []
+
+    @settings(
+        max_examples=n,
+        database=None,
+        derandomize=True,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(thinking_sessions(max_turns=8), st.just(None))
+    def collect(session: tuple[Any, list[dict[str, Any]]], _: None) -> None:
+        found.append(from_anthropic(*session))
+
+    collect()
+    return found[:n]
+
+
+async def main(every: int, sessions: int) -> None:
+    real = [with_thinking(load_transcript(p)["messages"]) for p in transcript_files()]
+    usable = [m for m in real if m is not None]
+    print(f"{len(usable)} of {len(real)} real transcripts have an Anthropic form")
+    for name, corpus in (("real", usable), ("synthetic", synthetic(sessions))):
+        for window in WINDOWS:
+            tally = dict.fromkeys(
+                (
+                    "prompts",
+                    "cut",
+                    "does not fit",
+                    "refused by Anthropic",
+                    "latest request lost",
+                    "latest request shed",
+                ),
+                0,
+            )
+            for msgs in corpus:
+                await replay(msgs, window, every, tally)
+            print(name, window, tally)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--every", type=int, default=1)
+    parser.add_argument("--sessions", type=int, default=40)
+    args = parser.parse_args()
+    asyncio.run(main(args.every, args.sessions))
