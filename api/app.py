@@ -30,6 +30,7 @@ from api.deps import Services, get_tenant
 from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
+from api.metrics import ShareCollector
 from api.proxy import routes as proxy_routes
 from api.proxy.services import ProxyServices
 from api.requestlog import RequestLogger
@@ -70,6 +71,8 @@ def create_app(
         forget_heartbeat(chosen.heartbeat_file)
     services = Services.build(chosen, store=store, enqueue=enqueue)
     proxy = ProxyServices.build(chosen)
+    share = proxy.clients.share
+    services.metrics.watch_share(ShareCollector(share.counts, share.cap))
     owns_store = store is None
 
     @asynccontextmanager

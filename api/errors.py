@@ -29,6 +29,7 @@ from shared.errors import (
     LengthMismatch,
     LLMError,
     NotFound,
+    OverShare,
     PrefitError,
     StoreUnavailable,
     TooLarge,
@@ -55,6 +56,7 @@ STATUS: dict[type[PrefitError], int] = {
     ImplausibleObservation: 422,
     TooLarge: 422,
     NotFound: 404,
+    OverShare: 429,
     LengthMismatch: 409,
     WriteConflict: 409,
     Unauthorized: 401,
@@ -99,6 +101,8 @@ def error_response(exc: PrefitError) -> JSONResponse:
     headers: dict[str, str] = {}
     if status == 503:
         headers["Retry-After"] = str(RETRY_AFTER_S)
+    elif isinstance(exc, OverShare):
+        headers["Retry-After"] = str(exc.retry_after)
     elif status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return JSONResponse({"error": error_body(exc)}, status_code=status, headers=headers)

@@ -20,7 +20,7 @@ bearer token (`render(per_tenant=True)`; the route checks the token).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +138,7 @@ class Metrics:
             registry=r,
         )
         self._store: StoreCollector | None = None
+        self._share: ShareCollector | None = None
         self._processes: Path | None = None
         self.replica: str | None = None  # every sample's `replica` label (shared.service.replica)
 
@@ -180,6 +181,10 @@ class Metrics:
     def watch_store(self, collector: StoreCollector) -> None:
         self._store = collector
 
+    def watch_share(self, collector: ShareCollector) -> None:
+        """Report each tenant's share of the proxy's upstreams (api/proxy/upstream.py)."""
+        self._share = collector
+
     def aggregate(self, directory: Path) -> None:
         """Render the request metrics of every process writing to `directory` (summed), not
         this process's alone. prometheus_client writes there when `PROMETHEUS_MULTIPROC_DIR`
@@ -199,6 +204,10 @@ class Metrics:
             scrape = CollectorRegistry(auto_describe=False)
             scrape.register(self._store.view(per_tenant=per_tenant, reachable=store))
             out += bytes(generate_latest(with_replica(scrape, self.replica)))
+        if self._share is not None:
+            shares = CollectorRegistry(auto_describe=False)
+            shares.register(self._share.view(per_tenant))
+            out += bytes(generate_latest(with_replica(shares, self.replica)))
         return out
 
 
@@ -311,6 +320,64 @@ class StoreCollector:
             )
             oldest.add_metric([], age)
             yield oldest
+
+
+class ShareCollector:
+    """The proxy's upstream requests in flight and refused past a tenant's share, this
+    process's (summed, and per tenant for `view(True)`)."""
+
+    def __init__(
+        self,
+        counts: Callable[[], tuple[Mapping[str, int], Mapping[str, int]]],
+        cap: int,
+        per_tenant: bool = False,
+    ) -> None:
+        self._counts = counts
+        self._cap = cap
+        self._per_tenant = per_tenant
+
+    def view(self, per_tenant: bool) -> ShareCollector:
+        """This collector for one scrape (with or without tenant names)."""
+        return ShareCollector(self._counts, self._cap, per_tenant)
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        held, refused = self._counts()
+        cap = GaugeMetricFamily(
+            "prefit_upstream_tenant_cap",
+            "a tenant's share: its upstream requests at once, per API process (429 past it)",
+        )
+        cap.add_metric([], float(self._cap))
+        yield cap
+        yield GaugeMetricFamily(
+            "prefit_upstream_in_flight",
+            "the proxy's upstream requests in flight, all tenants (this process)",
+            value=float(sum(held.values())),
+        )
+        yield CounterMetricFamily(
+            "prefit_upstream_share_refused",
+            "upstream requests refused 429 past a tenant's share, all tenants (this process)",
+            value=float(sum(refused.values())),
+        )
+        if not self._per_tenant:
+            return
+        tenant_held = GaugeMetricFamily(
+            "prefit_tenant_upstream_in_flight",
+            "the tenant's upstream requests in flight (this process)",
+            labels=["tenant"],
+        )
+        tenant_refused = CounterMetricFamily(
+            "prefit_tenant_upstream_share_refused",
+            "the tenant's upstream requests refused past its share (this process)",
+            labels=["tenant"],
+        )
+        for tenant in sorted(set(held) | set(refused)):
+            tenant_held.add_metric([tenant], float(held.get(tenant, 0)))
+            tenant_refused.add_metric([tenant], float(refused.get(tenant, 0)))
+        yield tenant_held
+        yield tenant_refused
 
 
 class _Usage:

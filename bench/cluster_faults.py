@@ -1,13 +1,14 @@
 """Every single fault of a cluster, under load: what a client sees, and for how long.
 
     uv run python -m bench.cluster_faults [--faults F1,F2,F3,F4] [--observe 25] [--warmup 25]
-        [--out report.json]
+        [--broker amqp|redis] [--api-workers 2] [--out report.json]
 
 Loopback only, bounded in time (about 4 minutes for the four faults). It starts:
 - a Redis Cluster of 3 masters and 3 replicas (shared/commands/clusterproc.py: AOF fsynced
   every second, `cluster-node-timeout 2000`);
 - a RabbitMQ node of its own as the broker (`rabbitmq-server` with its own node name, port,
   Mnesia directory and no plugins), so F2 can kill it without touching the machine's RabbitMQ;
+  with `--broker redis`, a redis-server of its own instead (AOF on, so its queue survives F2);
 - the fake LLM (tests/fakellm.py) as the summarizer, answering in `--llm-delay` seconds;
 - `prefit up --api-workers 2` (its own summary worker) and one more `prefit worker`;
 - 4 clients appending 20 conversations turn by turn, each append followed by a prepare and
@@ -18,7 +19,8 @@ After `--warmup` seconds (summaries flowing) it injects, one at a time, `--obser
 apart:
 - F1: SIGKILL the master serving the first conversation; restart it 10 s later (it rejoins as
   a replica of the master its replica became);
-- F2: SIGKILL RabbitMQ, start it again 10 s later;
+- F2: SIGKILL the broker, start it again 10 s later (F2 also counts the summaries written
+  while the broker was down, from 3 s after the kill: jobs already running finish anyway);
 - F3: SIGKILL the extra worker while jobs run (started again once the figures are taken);
 - F4: SIGSTOP a master (another conversation's) for 5 s, then SIGCONT.
 
@@ -52,7 +54,7 @@ from typing import Any
 import httpx
 
 from shared.commands.clusterproc import ClusterProcess
-from shared.commands.redisproc import free_port
+from shared.commands.redisproc import RedisProcess, free_port
 from shared.settings import Settings
 from shared.store import Store, keys
 from tests.api.traffic import Traffic, turn
@@ -112,6 +114,27 @@ class RabbitNode:
         if self.proc is not None and self.proc.returncode not in (0, -signal.SIGKILL):
             print((self.dir / "out.log").read_text()[-2000:], file=sys.stderr)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisBroker:
+    """A redis-server of our own as the broker (AOF fsynced: the queue survives a kill)."""
+
+    def __init__(self) -> None:
+        self.server = RedisProcess(appendonly=True)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> RedisBroker:
+        self.server.restart() if self.server.dir is not None else self.server.start()
+        return self
+
+    def kill(self) -> None:
+        self.server.kill()
+
+    def stop(self) -> None:
+        self.server.stop()
 
 
 @dataclass
@@ -197,7 +220,9 @@ class Drill:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args, self.work = args, work
         self.cluster = ClusterProcess(3, replicas=1, appendonly=True, node_timeout_ms=2000)
-        self.rabbit = RabbitNode()
+        self.rabbit: RabbitNode | RedisBroker = (
+            RedisBroker() if args.broker == "redis" else RabbitNode()
+        )
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.port = free_port()
         self.queue = f"summaries-drill-{uuid.uuid4().hex[:8]}"
@@ -289,7 +314,8 @@ def running(args: argparse.Namespace) -> Iterator[tuple[Drill, Store, Traffic, S
             drill.rabbit.start()
             drill.llm_url = fake.base_url
             env = drill.env(fake.base_url)
-            drill.spawn("up", [*drill.prefit(), "up", "--api-workers", "2"], env)
+            workers = ["--api-workers", str(args.api_workers)]
+            drill.spawn("up", [*drill.prefit(), "up", *workers], env)
             drill.spawn("extra", [*drill.prefit(), "worker", "-n", "extra@%h"], env)
             url = f"http://127.0.0.1:{drill.port}"
             _wait(lambda: _ready(url), START_TIMEOUT_S, "the API")
@@ -355,12 +381,19 @@ def inject(drill: Drill, store: Store, fault: str) -> Injected:
         os.kill(master.pid, signal.SIGCONT)
         return Injected("SIGSTOP a master for 5 s", start, start + 5, on)
     if fault == "F2":
+        broker = "Redis (broker)" if isinstance(drill.rabbit, RedisBroker) else "RabbitMQ"
+        before = len(summaries_seen(store, drill))
         drill.rabbit.kill()
-        time.sleep(10)
+        time.sleep(3)  # the jobs running at the kill finish whatever the broker does
+        middle = len(summaries_seen(store, drill))
+        time.sleep(7)
+        during = len(summaries_seen(store, drill)) - middle
         drill.rabbit.start()
-        back = f"RabbitMQ answered again {time.monotonic() - start:.1f} s after the kill"
-        what = "SIGKILL RabbitMQ, started again after 10 s"
-        return Injected(what, start, start + 10, drill.conversations, [back])
+        back = f"{broker} answered again {time.monotonic() - start:.1f} s after the kill"
+        notes = [back, f"{during} summaries written 3-10 s after the kill (broker down); "
+                 f"{middle - before} in the first 3 s"]  # fmt: skip
+        what = f"SIGKILL {broker}, started again after 10 s"
+        return Injected(what, start, start + 10, drill.conversations, notes)
     if fault == "F3":
         deadline = start + 15
         while len(running := running_jobs(store, drill.queue)) < 2 and time.monotonic() < deadline:
@@ -372,6 +405,16 @@ def inject(drill: Drill, store: Store, fault: str) -> Injected:
         note = f"{len(running)} jobs were running (on both workers) at the kill"
         return Injected("SIGKILL the extra worker mid-task", start, start, running, [note])
     raise SystemExit(f"unknown fault {fault}")
+
+
+def summaries_seen(store: Store, drill: Drill) -> list[int]:
+    """The `upto` of every conversation's best record now (one entry per conversation with
+    one): more entries or larger ones mean new summaries."""
+    found = []
+    for conv in drill.conversations:
+        with contextlib.suppress(Exception):
+            found.extend(r.upto for r in store.records.list(TENANT, conv))
+    return found
 
 
 def on_node(drill: Drill, conv: str, port: int) -> bool:
@@ -429,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--observe", type=float, default=25.0)
     parser.add_argument("--llm-delay", type=float, default=1.0)
     parser.add_argument("--pause", type=float, default=0.3, help="a client's pause per turn")
+    parser.add_argument("--broker", choices=("amqp", "redis"), default="amqp")
+    parser.add_argument("--api-workers", type=int, default=2)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     report: dict[str, Any] = {"faults": []}

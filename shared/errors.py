@@ -133,6 +133,15 @@ class TooLarge(PrefitError):
     """A request exceeds a configured size limit."""
 
 
+class OverShare(PrefitError):
+    """A tenant already holds its share of a shared resource (its concurrent upstream
+    requests); retry after `retry_after` seconds."""
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
 class LLMError(PrefitError):
     """A summarizer provider call failed."""
 

@@ -142,6 +142,12 @@ class Settings(BaseSettings):
     upstream_pool_timeout_s: float = 30.0
     upstream_max_connections: int = 200
     upstream_keepalive_s: float = 60.0
+    # each tenant's share of an upstream, per API process: at most this many of its requests
+    # at once (429 past it); each tenant has a pool of its own (upstream_max_connections)
+    upstream_tenant_max_requests: int = Field(default=64, gt=0)
+    # the ids of provider-stored responses each tenant created through the proxy (only its
+    # own are reachable by id), newest kept, for the provider's retention (30 days)
+    proxy_owned_ids_max: int = Field(default=1_000_000, gt=0)
 
     # secrets as files (docker-compose.yml's `secrets`): a folder of files, each named after its
     # setting in lower case (prefit_api_keys, prefit_redis_password, ...); a variable wins over

@@ -21,6 +21,7 @@ import base64
 import hashlib
 import json
 import math
+import secrets
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -284,7 +285,7 @@ class FakeProvider:
         if body.get("stream") is True:
             stream = self._paced(_responses_events(body, output, self.words, tokens))
             return StreamingResponse(stream, media_type="text/event-stream")
-        return JSONResponse(_response(body, "resp_fake", output, tokens, len(self.words)))
+        return JSONResponse(_response(body, response_id(), output, tokens, len(self.words)))
 
     async def _gemini(self, request: Request) -> Response:
         return await self.gemini.handle(request)
@@ -396,25 +397,31 @@ def _responses_output(
     return out
 
 
+def response_id() -> str:
+    """A new response's id, unique as OpenAI's are (`resp_` and 48 hex digits)."""
+    return f"resp_{secrets.token_hex(24)}"
+
+
 def _responses_events(
     body: Mapping[str, Any], output: list[dict[str, Any]], words: Sequence[str], tokens: int
 ) -> list[dict[str, Any] | str]:
     """The event stream of a Responses answer, as OpenAI sends it."""
-    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    rid = response_id()
+    start = {**_response(body, rid, [], 0, 0), "status": "in_progress", "usage": None}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": start},
         {"type": "response.in_progress", "response": start},
     ]
     for k, item in enumerate(output):
         events += _item_events(item, k, words)
-    done = _response(body, "resp_fake", output, tokens, len(words))
+    done = _response(body, rid, output, tokens, len(words))
     events.append({"type": "response.completed", "response": done})
     return [{**e, "sequence_number": n} for n, e in enumerate(events)]
 
 
 def _responses_failed(body: Mapping[str, Any], error: dict[str, Any]) -> list[dict[str, Any] | str]:
     """A stream that fails before any output: created, in progress, failed with `error`."""
-    start = {**_response(body, "resp_fake", [], 0, 0), "status": "in_progress", "usage": None}
+    start = {**_response(body, response_id(), [], 0, 0), "status": "in_progress", "usage": None}
     failed = {
         **start,
         "status": "failed",

@@ -60,6 +60,9 @@ def restore_interval(visibility_timeout_s: int) -> int:
     return max(1, min(10, visibility_timeout_s // 5))
 
 
+HEARTBEAT_S = 4  # see celery_config: a dead broker connection found within ~2 beats
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     """The Celery settings derived from `settings` (pure: tests inspect it)."""
     queue = settings.summary_queue
@@ -68,6 +71,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     if broker_kind(settings.broker) == "redis":
         options["unacked_restore_interval"] = restore_interval(settings.visibility_timeout_s)
         options["unacked_restore_throttle"] = 1
+        # a connection a broker restart or a network fault left half-open is found by a PING
+        # on it within this, rather than redis-py's default 25 s
+        options["health_check_interval"] = HEARTBEAT_S
     config: dict[str, Any] = {
         **shared,
         "broker_url": settings.broker,
@@ -75,6 +81,10 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # Celery gives up on the broker after 100 reconnects (~45 min) and the worker exits:
         # a worker outlives any outage instead (`prefit up` would restart it, others may not)
         "broker_connection_max_retries": None,
+        # AMQP heartbeats every HEARTBEAT_S: a RabbitMQ that vanished without closing the
+        # connection (a host or network fault) is found dead after two missed beats, not
+        # Celery's default 120 s x 2; a killed one closes the socket and is found at once
+        "broker_heartbeat": HEARTBEAT_S,
         "broker_transport_options": options,
         "task_default_queue": queue,
         "task_routes": {TASK_NAME: {"queue": queue}},

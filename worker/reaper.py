@@ -11,20 +11,38 @@ broker's visibility timeout (an hour) and on either broker (RabbitMQ gives a los
 tasks back at once when its connection drops; the reaper still covers a worker that hangs
 without dropping it). If the broker refuses the send, the entry goes back, due at the next
 sweep.
+
+The jobs the API could not publish (`shared.store.unsent`) are sent the same way; while the
+broker refuses them, the reaper runs up to `LOCAL_MAX` of them itself, on the worker's own
+event loop, so summaries keep coming during a broker outage instead of resuming only once
+the broker is back (RabbitMQ takes 5-15 s to start again). A job so run is taken out of the
+unsent index first; its lease and in-flight entry are the same as a delivered task's, so a
+copy the broker delivers later finds the summary written (or the lease held) and does
+nothing. One that fails is kept again, for the broker and Celery's retries once it is back,
+and is not run here again.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
-from shared.errors import StoreUnavailable
+from shared.errors import ConfigError, StoreUnavailable
 from shared.logs import get_logger
 from shared.service.broker import priority
-from shared.service.jobs import PRIORITY_STALE, TASK_NAME
-from shared.store import Store, Ticket
+from shared.service.jobs import PRIORITY_STALE, TASK_NAME, SummaryJob
+from shared.store import Store, Ticket, UnsentJob
 
 BATCH = 100
+LOCAL_MAX = 8  # unsent jobs one worker runs itself at once while the broker refuses them
+TRIED_MAX = 10_000  # jobs remembered as run here, so a failing one is not run here again
+
+# Starts a job on the worker's event loop without waiting for it (`Runtime.submit`).
+Runner = Callable[[SummaryJob, Ticket], "Future[Any]"]
 
 log = get_logger(__name__)
 
@@ -32,12 +50,22 @@ log = get_logger(__name__)
 class Reaper:
     """One daemon thread per worker process, sweeping its queue's in-flight registry."""
 
-    def __init__(self, app: Any, store: Store, queue: str, interval_s: float) -> None:
+    def __init__(
+        self,
+        app: Any,
+        store: Store,
+        queue: str,
+        interval_s: float,
+        runner: Runner | None = None,
+    ) -> None:
         self._app, self._store, self._queue = app, store, queue
         self.interval_s = interval_s
+        self._runner = runner  # None: unsent jobs wait for the broker
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._local = 0  # unsent jobs running here now
+        self._tried: set[str] = set()  # the stored JSON of every unsent job run here
 
     def start(self) -> None:
         """Start sweeping (once; later calls do nothing)."""
@@ -67,7 +95,8 @@ class Reaper:
         """Send the jobs the broker refused to the API (oldest first, until the broker refuses
         again); how many were sent."""
         sent = 0
-        for job in self._store.unsent.due(self._queue, BATCH):
+        due = self._store.unsent.due(self._queue, BATCH)
+        for i, job in enumerate(due):
             try:
                 self._app.send_task(
                     TASK_NAME,
@@ -75,8 +104,9 @@ class Reaper:
                     queue=self._queue,
                     priority=priority(job.priority, self._app.conf.broker_url),
                 )
-            except Exception as exc:  # still down: the rest waits for the next sweep
+            except Exception as exc:  # still down: run some here, the rest waits
                 log.info("summary.unsent_failed", queue=self._queue, error=type(exc).__name__)
+                self.run_here(due[i:])
                 break
             self._store.unsent.sent(self._queue, job)
             log.info(
@@ -87,6 +117,55 @@ class Reaper:
             )
             sent += 1
         return sent
+
+    def run_here(self, jobs: list[UnsentJob]) -> int:
+        """Start unsent jobs on this worker (at most `LOCAL_MAX` at once, each at most once
+        here), taking them out of the unsent index; how many were started."""
+        started = 0
+        for job in jobs:
+            with self._lock:
+                if self._runner is None or self._local >= LOCAL_MAX:
+                    return started
+                if job.raw in self._tried:
+                    continue
+                if len(self._tried) >= TRIED_MAX:
+                    self._tried.clear()
+                self._tried.add(job.raw)
+                self._local += 1
+            self._store.unsent.sent(self._queue, job)  # taken: its copy here is the one
+            try:
+                summary = SummaryJob.from_kwargs(dict(job.kwargs))
+            except ConfigError:
+                self._ran(job, None)
+                continue
+            ticket = Ticket(f"unsent-{uuid.uuid4().hex}", self._queue, dict(job.kwargs), 0)
+            future = self._runner(summary, ticket)
+            future.add_done_callback(functools.partial(self._ran, job))
+            log.info(
+                "summary.run_without_broker",
+                tenant=job.tenant,
+                conversation_id=job.conversation_id,
+                task_id=ticket.task_id,
+            )
+            started += 1
+        return started
+
+    def _ran(self, job: UnsentJob, future: Future[Any] | None) -> None:
+        with self._lock:
+            self._local -= 1
+        if future is None or future.exception() is None:
+            return
+        error = type(future.exception()).__name__
+        log.warning(
+            "summary.run_without_broker_failed",
+            tenant=job.tenant,
+            conversation_id=job.conversation_id,
+            error=error,
+        )
+        try:  # for the broker, and Celery's retries, once it is back
+            self._store.unsent.keep(self._queue, job.kwargs, job.priority)
+        except StoreUnavailable:
+            log.warning("summary.unsent_unavailable", conversation_id=job.conversation_id)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

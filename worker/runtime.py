@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import structlog
@@ -25,8 +27,10 @@ from shared.errors import ConfigError, StoreUnavailable
 from shared.logs import get_logger
 from shared.providers import client_from_settings
 from shared.service.failures import Failures
+from shared.service.jobs import SummaryJob
+from shared.service.precompute import JobOutcome, run_job
 from shared.settings import Settings
-from shared.store import Store
+from shared.store import Store, Ticket
 from shared.store.breaker import provider_id, provider_label
 from shared.summaries.extractive import ExtractiveSummarizer
 from shared.summaries.summarizers import LLMSummarizer, Summarizer
@@ -84,7 +88,9 @@ class Runtime:
             if self._reaper is None:
                 s = self.settings
                 store = self.store_unlocked()
-                self._reaper = Reaper(app, store, s.summary_queue, s.reaper_interval_s)
+                self._reaper = Reaper(
+                    app, store, s.summary_queue, s.reaper_interval_s, runner=self.submit
+                )
                 self._reaper.start()
 
     @property
@@ -124,6 +130,20 @@ class Runtime:
         bound = structlog.contextvars.get_contextvars()
         future = asyncio.run_coroutine_threadsafe(_with_context(coro, bound), self._running())
         return future.result()
+
+    def submit(self, job: SummaryJob, ticket: Ticket) -> Future[JobOutcome]:
+        """Start `job` on the process's loop without waiting for it: the reaper's runs of
+        unsent jobs while the broker is down (worker/reaper.py)."""
+        coro = run_job(
+            job,
+            store=self.store,
+            summarizer=self.summarizer,
+            settings=self.settings,
+            owner=f"{ticket.task_id}/{uuid.uuid4().hex[:8]}",
+            ticket=ticket,
+            provider=self.provider,
+        )
+        return asyncio.run_coroutine_threadsafe(_with_context(coro, {}), self._running())
 
     def poke_loop(self, callback: Callable[[], None]) -> None:
         """Have the process's loop call `callback` soon (the watchdog's probe); with no loop

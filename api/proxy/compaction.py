@@ -89,6 +89,7 @@ from starlette.datastructures import MutableHeaders
 from api.codec import dumps
 from api.deps import Services
 from api.proxy.identity import HEADER as CONVERSATION
+from api.proxy.owners import check_references
 from api.proxy.relay import Fit, Relay
 from shared.errors import DoesNotFit, InvalidRequest
 from shared.formats.responses import to_responses
@@ -313,6 +314,8 @@ class CompactRelay(Relay):
         )  # fmt: skip
 
     async def run(self) -> Response:
+        # what it continues must be the tenant's own (api/proxy/owners.py)
+        await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
         if server_state(self.body) is not None:
             if self.trigger:
                 raise InvalidRequest(

@@ -438,7 +438,11 @@ class Relay:
             try:
                 async with upstream_wait():  # the provider's time, not prefit's deadline
                     upstream = await self.proxy.clients.send(
-                        self.dialect.upstream, self._upstream_headers(), body, self.asked.endpoint
+                        self.dialect.upstream,
+                        self._upstream_headers(),
+                        body,
+                        self.asked.endpoint,
+                        tenant=self.caller.tenant,
                     )
             except httpx.TransportError as exc:
                 return self._unreachable(exc, fit)
@@ -775,6 +779,7 @@ class CountRelay(Relay):
                     self.asked.endpoint,
                     self._upstream_headers(),
                     self._body(fit),
+                    tenant=self.caller.tenant,
                 )
         except httpx.TransportError as exc:
             return self._unreachable(exc, fit)

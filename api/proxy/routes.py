@@ -17,8 +17,12 @@ models at start-up (`GET /v1/models`, also Anthropic's, told apart by the
 `anthropic-version` header its SDK always sends) and embed through the same base URL
 (`POST /v1/embeddings`), and Responses clients read and delete the responses the provider
 stored and cancel background ones (`/v1/responses/{id}`, ...). Those have no
-conversation to fit: they go to the provider as they came (the deployment's key in place of
-prefit's), and its answer comes back as it is. Other provider endpoints (legacy
+conversation to fit: each route reaches the one provider endpoint it names, rebuilt from
+validated ids and documented query parameters, never from the raw path
+(api/proxy/endpoints.py); the body (strict JSON) goes as it came, the deployment's key in
+place of prefit's, and the provider's answer comes back as it is. A stored response is
+reached only by the tenant whose request created it (api/proxy/dialects/responses.py).
+Other provider endpoints (legacy
 completions, stored chat completions, ...) are answered with a 404 in the provider's error
 shape saying what prefit serves, so the SDK raises `NotFoundError` with a message that
 explains it.
@@ -41,7 +45,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.routing import Match
 
-from api.codec import dumps
+from api.codec import dumps, loads
 from api.deadline import upstream_wait
 from api.deps import Services
 from api.errors import RETRY_AFTER_S, status_of
@@ -49,12 +53,22 @@ from api.proxy.compaction import CompactRelay
 from api.proxy.dialects import Dialect
 from api.proxy.dialects.gemini import VERSIONS, GeminiRelay, keyed
 from api.proxy.dialects.responses import ResponsesCountRelay, ResponsesRelay
+from api.proxy.endpoints import (
+    CANCEL,
+    EMBEDDINGS,
+    INPUT_ITEMS,
+    MODEL,
+    MODELS,
+    RESPONSE,
+    Passage,
+)
 from api.proxy.identity import identify
+from api.proxy.owners import RESPONSES, owned_response
 from api.proxy.relay import CountRelay, Relay
 from api.proxy.services import ProxyServices, proxy_services
-from api.proxy.upstream import passed_back, upstream_failure, upstream_headers
+from api.proxy.upstream import own_key, passed_back, upstream_failure, upstream_headers
 from api.requestlog import request_log
-from shared.errors import InvalidRequest, NotFound, PrefitError
+from shared.errors import InvalidRequest, NotFound, OverShare, PrefitError
 
 router = APIRouter()
 # included after every other router: the answer for a route nobody serves
@@ -129,14 +143,24 @@ async def responses_compact(request: Request) -> Response:
 
 
 @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"], include_in_schema=False)
-@router.get("/v1/responses/{response_id}/input_items", include_in_schema=False)
-@router.post("/v1/responses/{response_id}/cancel", include_in_schema=False)
-async def responses_stored(request: Request) -> Response:
-    """The provider's stored responses (retrieve, delete, input items, cancel): passed
-    through, there is nothing prefit could fit."""
-    path = request.url.path.removeprefix("/v1")
+async def response_stored(request: Request) -> Response:
+    """One of the provider's stored responses (retrieve, delete), the caller's own only."""
     openai = proxy_services(request).openai
-    return await _shaped(request, openai, forward(request, openai, path))
+    return await _shaped(request, openai, forward(request, openai, RESPONSE, owned=True))
+
+
+@router.get("/v1/responses/{response_id}/input_items", include_in_schema=False)
+async def response_input_items(request: Request) -> Response:
+    """A stored response's input items, the caller's own only."""
+    openai = proxy_services(request).openai
+    return await _shaped(request, openai, forward(request, openai, INPUT_ITEMS, owned=True))
+
+
+@router.post("/v1/responses/{response_id}/cancel", include_in_schema=False)
+async def response_cancel(request: Request) -> Response:
+    """A background response cancelled, the caller's own only."""
+    openai = proxy_services(request).openai
+    return await _shaped(request, openai, forward(request, openai, CANCEL, owned=True))
 
 
 @router.post("/{version}/models/{model}:generateContent", include_in_schema=False)
@@ -165,20 +189,20 @@ async def _gemini(request: Request, version: str, relay_type: Callable[..., Rela
 @router.get("/v1/models", include_in_schema=False)
 async def models(request: Request) -> Response:
     """The provider's model list (Anthropic's when the SDK sends `anthropic-version`)."""
-    return await _passed(request, "/models")
+    return await _passed(request, MODELS)
 
 
 @router.get("/v1/models/{model_id:path}", include_in_schema=False)
 async def model(request: Request, model_id: str) -> Response:
-    """One model of the provider's list."""
-    return await _passed(request, f"/models/{model_id}")
+    """One model of the provider's list (models are public: no owner)."""
+    return await _passed(request, MODEL)
 
 
 @router.post("/v1/embeddings", include_in_schema=False)
 async def embeddings(request: Request) -> Response:
     """OpenAI embeddings, passed through: there is no conversation to fit."""
     openai = proxy_services(request).openai
-    return await _shaped(request, openai, forward(request, openai, "/embeddings"))
+    return await _shaped(request, openai, forward(request, openai, EMBEDDINGS))
 
 
 @router.api_route("/v1/responses/{rest:path}", methods=_ANY, include_in_schema=False)
@@ -257,10 +281,10 @@ async def _relayed(
     return answer
 
 
-async def _passed(request: Request, path: str) -> Response:
+async def _passed(request: Request, passage: Passage) -> Response:
     found = proxy_services(request)
     dialect: Dialect = found.anthropic if "anthropic-version" in request.headers else found.openai
-    return await _shaped(request, dialect, forward(request, dialect, path))
+    return await _shaped(request, dialect, forward(request, dialect, passage))
 
 
 async def _shaped(request: Request, dialect: Dialect, answer: Awaitable[Response]) -> Response:
@@ -276,6 +300,8 @@ def _error(request: Request, dialect: Dialect, exc: PrefitError) -> Response:
     status = status_of(exc)
     status = 400 if status == 422 else status  # providers answer bad requests with 400
     headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else {}
+    if isinstance(exc, OverShare):
+        headers = {"Retry-After": str(exc.retry_after)}
     return JSONResponse(dialect.error(status, str(exc)), status_code=status, headers=headers)
 
 
@@ -298,22 +324,36 @@ def _object(
     return body, learn
 
 
-async def forward(request: Request, dialect: Dialect, path: str) -> Response:
-    """`request` to `dialect`'s upstream at `path` (under /v1), answered as it came;
-    `PrefitError` for a caller prefit does not know."""
+async def forward(
+    request: Request, dialect: Dialect, passage: Passage, *, owned: bool = False
+) -> Response:
+    """`request` to the one endpoint of `dialect`'s upstream that `passage` names, rebuilt
+    from its validated ids and documented query (api/proxy/endpoints.py), answered as it
+    came; an `owned` passage's response must be one the caller created (else the provider's
+    404, the provider never asked). `PrefitError` for a caller prefit does not know, a path
+    that is not exactly the passage's, or a body that is not strict JSON."""
     svc: Services = request.app.state.services
+    found = proxy_services(request)
     rec = request_log(request)
     caller = identify(request.headers, svc.keyring, svc.settings)
     rec.tenant = caller.tenant
+    rebuilt = passage.upstream(request.scope)
+    if rebuilt is None:
+        raise not_served(request)
+    path, ids = rebuilt
+    checked = owned and not own_key(dialect, caller)
+    if checked:
+        await owned_response(svc, found, caller.tenant, ids["response_id"])
     body = await request.body()
+    if body:
+        _strict(body)
     headers = upstream_headers(dialect, caller, dialect.upstream.key, request.headers)
     if not body:
         headers.pop("content-type")
-    query = f"?{request.url.query}" if request.url.query else ""
     try:
         async with upstream_wait():  # the provider's time, not prefit's deadline
-            answer = await proxy_services(request).clients.request(
-                dialect.upstream, request.method, path + query, headers, body
+            answer = await found.clients.request(
+                dialect.upstream, request.method, path, headers, body, tenant=caller.tenant
             )
     except httpx.TransportError as exc:
         status, message = upstream_failure(exc, dialect.name, rec)
@@ -323,9 +363,21 @@ async def forward(request: Request, dialect: Dialect, path: str) -> Response:
             media_type="application/json",
         )
     rec.upstream_status = answer.status_code
+    if checked and request.method == "DELETE" and answer.status_code < 300:
+        await found.owned.forget(
+            svc.increments().client, caller.tenant, RESPONSES, ids["response_id"]
+        )
     return Response(
         answer.content, status_code=answer.status_code, headers=passed_back(answer.headers)
     )
+
+
+def _strict(body: bytes) -> None:
+    """`InvalidRequest` unless `body` is strict JSON (api/codec.py): nothing else goes up."""
+    try:
+        loads(body)
+    except ValueError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
 
 
 def not_served(request: Request) -> NotFound:

@@ -1,7 +1,8 @@
 """The proxy's own long-lived parts, one set per app: `ProxyServices`.
 
-The dialects (each with its provider's upstream), the pooled upstream clients, the windows
-learned from overflows, and the bodies resent turn after turn. They are the proxy's alone,
+The dialects (each with its provider's upstream), the pooled upstream clients (and each
+tenant's share of them), the windows learned from overflows, the bodies resent turn after
+turn, and which provider-stored objects each tenant owns. They are the proxy's alone,
 so they live here rather than on the app's `Services` (api/deps.py), which the proxy uses
 and which knows nothing of it. The tenants' memory of repeated openings stays on `Services`:
 `/v1/prepare` learns from it and feeds it as the proxy does. Built with the app
@@ -22,6 +23,7 @@ from api.proxy.dialects.responses import ResponsesDialect
 from api.proxy.overflow import LearnedWindows
 from api.proxy.upstream import UpstreamClients
 from shared.settings import Settings
+from shared.store.ownership import Ownership
 
 MB = 1024 * 1024
 
@@ -37,6 +39,7 @@ class ProxyServices:
     clients: UpstreamClients
     learned: LearnedWindows  # the windows of unconfigured models, learned from overflows
     bodies: ResentBodies  # bodies resent turn after turn, parsed from what is new
+    owned: Ownership  # the provider-stored objects each tenant created (responses)
 
     @classmethod
     def build(cls, settings: Settings) -> ProxyServices:
@@ -49,6 +52,7 @@ class ProxyServices:
             clients=UpstreamClients(settings),
             learned=LearnedWindows(),
             bodies=ResentBodies(max_bytes=settings.proxy_body_cache_mb * MB),
+            owned=Ownership(max_ids=settings.proxy_owned_ids_max),
         )
 
     async def aclose(self) -> None:

@@ -181,10 +181,11 @@ BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.05, 0.4
 _remaining: ContextVar[Callable[[], float] | None] = ContextVar("prefit_retry", default=None)
 
 
-def time_left() -> float:
-    """The seconds a store call starting now may take: what is left of the request's deadline
-    (`retry_within`), else `RETRY_BUDGET_S`."""
-    return _clock()()
+def request_time_left() -> float | None:
+    """The seconds left to the current request's deadline (`retry_within`); None outside a
+    request (a worker)."""
+    found = _remaining.get()
+    return found() if found is not None else None
 
 
 def retry_within(remaining: Callable[[], float]) -> None:

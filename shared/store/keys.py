@@ -12,7 +12,8 @@ every Lua script and MULTI may only touch one slot. Three kinds of tag:
   and blocks). A conversation's scripts stay in its slot, and a tenant's conversations spread
   over the whole cluster.
 - `{<tenant>}`: what belongs to the tenant as a whole: calibration ratios, usage, dead letters,
-  the memory of repeated openings (`opening`: hashes only, shared/store/openings.py), and the
+  the memory of repeated openings (`opening`: hashes only, shared/store/openings.py), the ids
+  of the provider's stored objects it created through the proxy (`owned`), and the
   *directory* of record copies by prefix hash (`directory`), which lets a forked conversation
   reuse a summary and a stateless prepare find one (shared/store/directory.py).
 - `{inflight:<queue>}` and `{global:breakers}`: a summary queue's in-flight registry (ids and
@@ -176,6 +177,17 @@ def opening(tenant: str, task_digest: str) -> str:
     if not isinstance(task_digest, str) or not _TASK_DIGEST.fullmatch(task_digest):
         raise ConfigError(f"invalid task digest {task_digest!r}: expected 32 hex digits")
     return f"{_tenant(tenant)}:opening:{task_digest}"
+
+
+OWNED_KINDS = frozenset({"responses"})  # the provider objects the proxy reaches by id
+
+
+def owned(tenant: str, kind: str) -> str:
+    """ZSET of the ids of provider objects of `kind` (`OWNED_KINDS`) the tenant created
+    through the proxy, scored by when (shared/store/ownership.py)."""
+    if kind not in OWNED_KINDS:
+        raise ConfigError(f"unknown kind of owned object {kind!r}")
+    return f"{_tenant(tenant)}:owned:{kind}"
 
 
 def ratio(tenant: str, model: str | None) -> str:

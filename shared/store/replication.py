@@ -19,9 +19,9 @@ How many replicas (`PREFIT_REDIS_MIN_REPLICAS_ACK`):
 - a number `n`: always `n` (0: never wait). A write to a primary with fewer live replicas is
   then never acknowledged: the strict setting.
 
-The timeout is what is left of the request's deadline (`retry_within`, less a margin; a
-worker's `RETRY_BUDGET_S`), at most a little under the socket timeout, never 0 (which would
-block forever). The cost is one primary-to-replica round trip per write, spent inside the
+The timeout is what is left of the request's deadline (`retry_within`, less a margin;
+`UNBOUNDED_WAIT_S` in a worker), at most a little under the socket timeout, never 0 (which
+would block forever). The cost is one primary-to-replica round trip per write, spent inside the
 write's own round trip. A cluster's WAIT goes to the node of the written key, in the same
 pipeline as the write (redis-py sends one node's commands on one connection, in order).
 """
@@ -40,13 +40,14 @@ from redis.commands.core import Script
 
 from shared.errors import NotReplicated
 from shared.logs import get_logger
-from shared.store.client import RETRY_MARGIN_S, SOCKET_TIMEOUT_S, Client, time_left
+from shared.store.client import RETRY_MARGIN_S, SOCKET_TIMEOUT_S, Client, request_time_left
 
 log = get_logger(__name__)
 
 CACHE_S = 5.0
 HEALTHY_LAG_S = 2  # replicas acknowledge their offset every second
 MIN_TIMEOUT_MS = 10
+UNBOUNDED_WAIT_S = 1.0  # outside a request (a worker's claim and record): how long WAIT waits
 _STANDALONE = "standalone"
 
 
@@ -83,7 +84,9 @@ class Replication:
         needed = self._needed(node)
         if needed == 0:
             return None
-        timeout_s = min(self._cap_s, time_left() - RETRY_MARGIN_S)
+        left = request_time_left()
+        wait_s = left - RETRY_MARGIN_S if left is not None else UNBOUNDED_WAIT_S
+        timeout_s = min(self._cap_s, wait_s)
         acks = Acks(needed, _name(node), max(MIN_TIMEOUT_MS, int(timeout_s * 1000)))
         where = {"target_nodes": node} if isinstance(node, ClusterNode) else {}
         pipe.execute_command("WAIT", acks.needed, acks.timeout_ms, **where)

@@ -152,7 +152,8 @@ async def build_record(
 
     Long ranges go chunk by chunk; a chunk the provider finds too long is halved and retried.
     The range's artifact index is folded into the previous record's (no model), shown to the
-    summarizer with each chunk, and rendered after the summary's text in `index_tokens`.
+    summarizer with each chunk (in at most `max_summary_tokens`), and rendered after the
+    summary's text in `index_tokens`.
 
     - summarizer: what writes the summary;
     - counter, model: size the chunks and the record's `tokens`;
@@ -173,7 +174,10 @@ async def build_record(
         a, b = pending.popleft()
         calls += 1
         chunk_index = index.fold(transcript[a:b], a)
-        shown = chunk_index.render(index_tokens * INDEX_CHARS_PER_TOKEN) if index_tokens else ""
+        # the summarizer needs names to refer to, not the whole index: at most its own
+        # output's size, so the prompt grows by no more than the summary it asks for
+        prompt_tokens = min(index_tokens, max_summary_tokens)
+        shown = chunk_index.render(prompt_tokens * INDEX_CHARS_PER_TOKEN) if prompt_tokens else ""
         try:
             done = await summarizer.summarize(
                 text, transcript[a:b], max_tokens=max_summary_tokens, index=shown

@@ -15,6 +15,7 @@ from shared.service.broker import celery_options
 from shared.service.jobs import TASK_NAME
 from shared.settings import Settings
 from worker.app import (
+    HEARTBEAT_S,
     celery_config,
     check_consumer_timeout,
     make_app,
@@ -44,6 +45,16 @@ def test_one_visibility_timeout_from_settings() -> None:
     assert options["visibility_timeout"] == 5
     assert options["unacked_restore_interval"] == 1 and options["unacked_restore_throttle"] == 1
     assert restore_interval(3600) == 10 and restore_interval(30) == 6
+
+
+def test_a_broker_connection_left_half_open_is_found_within_seconds() -> None:
+    """Heartbeats every few seconds on RabbitMQ (Celery's default is 120 s) and a PING as
+    often on a Redis broker (redis-py's default is 25 s): summaries flow <= 10 s after a
+    broker that vanished without closing its connections comes back."""
+    amqp = make_app(Settings(broker_url="amqp://guest:guest@127.0.0.1:1//")).conf
+    assert amqp.broker_heartbeat == HEARTBEAT_S and 2 * HEARTBEAT_S < 10
+    on_redis = make_app(Settings(redis_url="redis://127.0.0.1:1/0")).conf
+    assert on_redis.broker_transport_options["health_check_interval"] == HEARTBEAT_S
 
 
 def test_broker_queue_and_priorities() -> None:

@@ -146,7 +146,8 @@ def test_a_range_too_long_for_the_summarizer_blocks_that_conversation_only(
 ) -> None:
     """One tenant's turn group too long to summarize: its range is dead-lettered and blocked,
     the breaker stays closed, and another tenant's conversation is summarized as usual."""
-    settings = worker_settings(redis_url, fake, chunk_tokens=1000)
+    # no artifact index in the prompts: it would blur the line between the sizes below
+    settings = worker_settings(redis_url, fake, chunk_tokens=1000, index_share=0.0)
     # refused: the turn group of the 20k-character message (clipped to 6k in prompts), not
     # the others (one ~700-token group per chunk)
     fake.context_limit_chars = 6500

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
+from shared.errors import LLMError
 from shared.service.jobs import PRIORITY_AHEAD
 from shared.settings import Settings
 from shared.store import Store, Ticket
@@ -15,6 +17,7 @@ from tests.fakellm import FakeLLM
 from tests.worker.helpers import job_for, running_worker, wait_until, worker_settings
 from worker.app import make_app
 from worker.reaper import Reaper
+from worker.runtime import Runtime
 
 AppFor = Callable[..., Any]
 
@@ -103,3 +106,53 @@ def _sweep_with_the_broker_down(store: Store, settings: Settings, queue: str = "
         return Reaper(app, store, queue or settings.summary_queue, 0.2).sweep()
     finally:
         app.close()
+
+
+def test_while_the_broker_is_down_the_reaper_runs_unsent_jobs_itself(
+    store: Store, redis_url: str, fake: FakeLLM, tenant: str, model: str
+) -> None:
+    """A job kept while the broker refuses it is summarized by the reaper's own worker, on its
+    event loop, without waiting for the broker; it is taken out of the unsent index, and a
+    second sweep has nothing left to run."""
+    down = worker_settings(redis_url, fake, broker_url=unreachable_broker())
+    store.conversations.append(tenant, "c1", task_chat(30))
+    job = job_for(store, tenant, "c1", model)
+    assert store.unsent.keep(down.summary_queue, job.to_kwargs(), PRIORITY_AHEAD)
+    runtime = Runtime(down)
+    app = make_app(down)
+    app.conf.broker_transport_options = {"max_retries": 1, "interval_start": 0}
+    try:
+        reaper = Reaper(app, store, down.summary_queue, 60.0, runner=runtime.submit)
+        assert reaper.sweep() == 0  # nothing reached the broker
+        wait_until(lambda: store.records.best(tenant, "c1") is not None, 20, "the summary")
+        assert store.unsent.count(down.summary_queue) == 0 and len(fake.calls) == 1
+        wait_until(lambda: store.inflight.running(down.summary_queue) == 0, 5, "its entry gone")
+        assert reaper.sweep() == 0 and len(fake.calls) == 1
+    finally:
+        app.close()
+        runtime.close()
+
+
+def test_an_unsent_job_that_fails_here_is_kept_for_the_broker(
+    store: Store, redis_url: str, tenant: str, model: str
+) -> None:
+    """A job the reaper ran itself and that failed is kept again (for the broker and Celery's
+    retries once it is back), and the same reaper does not run it again."""
+    down = worker_settings(redis_url, None, broker_url=unreachable_broker())
+    store.conversations.append(tenant, "c1", task_chat(30))
+    job = job_for(store, tenant, "c1", model)
+    assert store.unsent.keep(down.summary_queue, job.to_kwargs(), PRIORITY_AHEAD)
+    ran: list[str] = []
+
+    def failing(job: Any, ticket: Ticket) -> Future[Any]:
+        ran.append(ticket.task_id)
+        failed: Future[Any] = Future()
+        failed.set_exception(LLMError("HTTP 401"))
+        return failed
+
+    reaper = Reaper(make_app(down), store, down.summary_queue, 60.0, runner=failing)
+    (kept,) = store.unsent.due(down.summary_queue, 10)
+    assert reaper.run_here([kept]) == 1
+    assert store.unsent.count(down.summary_queue) == 1  # kept again
+    (again,) = store.unsent.due(down.summary_queue, 10)
+    assert reaper.run_here([again]) == 0 and len(ran) == 1

@@ -56,7 +56,12 @@ GEMINI = "gemini"
 KEY_HEADER = "x-goog-api-key"
 VERSIONS = frozenset({"v1", "v1beta", "v1alpha"})
 STREAMED = "streamGenerateContent"
-_PATH = re.compile(r"^/(?P<version>[^/]+)/models/(?P<model>[^/:]+):(?P<verb>[A-Za-z]+)$")
+# the model is an id of Gemini's form (the path as decoded: an encoded `/`, `?`, `#` or `%`
+# in it is none of those letters), so the endpoint rebuilt from it is the one it names
+_PATH = re.compile(
+    r"^/(?P<version>[^/]+)/models/(?P<model>[A-Za-z0-9][A-Za-z0-9._-]{0,255}):(?P<verb>[A-Za-z]+)$"
+)
+_QUERY = frozenset({"alt"})  # what Gemini documents besides `key` (the caller's, never sent)
 _USAGE = re.compile(rb'"usageMetadata"')
 _OVERFLOW = re.compile(
     rf"input token count \(?{NUMBER}\)? exceeds the maximum number of tokens allowed "
@@ -134,7 +139,7 @@ class GeminiDialect:
         found = _PATH.match(path)
         if found is None or found["version"] not in VERSIONS:
             raise InvalidRequest(f"not a Gemini model call: {path}")
-        kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k != "key"]
+        kept = [(k, v) for k, v in parse_qsl(query, keep_blank_values=True) if k in _QUERY]
         endpoint = path + (f"?{urlencode(kept)}" if kept else "")
         return Asked(found["model"], found["verb"] == STREAMED, endpoint)
 

@@ -35,7 +35,12 @@ _CONTEXT = re.compile(
     r"|exceed the configured limit|prompt is too long|exceed context limit|context size",
     re.I,
 )
-_ERROR_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large"}
+_ERROR_CODES = {
+    401: "invalid_api_key",
+    404: "not_found",
+    413: "request_too_large",
+    429: "rate_limit_exceeded",
+}
 # "This model's maximum context length is 128000 tokens. However, your messages resulted in
 # 130000 tokens" / "... you requested 131000 tokens (130000 in the messages, 1000 in the
 # completion)"; newer models: "Input tokens exceed the configured limit of 272000 tokens.
@@ -152,4 +157,5 @@ class OpenAIDialect:
 
     def error(self, status: int, message: str) -> dict[str, Any]:
         kind = "invalid_request_error" if status < 500 else "api_error"
+        kind = "requests" if status == 429 else kind  # OpenAI's rate limits
         return {"error": {"message": message, "type": kind, "code": _ERROR_CODES.get(status)}}

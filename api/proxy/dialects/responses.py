@@ -14,6 +14,11 @@ read ahead to retry it as well.
 A request that continues server-side state (`previous_response_id`, `conversation`) holds
 only the new items: prefit cannot see, nor fit, what the provider adds to it, so it goes
 upstream unchanged and `x-prefit-fit` says `skipped (server-side state: <field>)`.
+
+Stored responses belong to the tenant that created them (api/proxy/owners.py): the
+response a request creates is recorded as its tenant's (in a stream, from
+`response.created`, read ahead before the client sees it), and a `previous_response_id` or
+`conversation` it names is checked to be the tenant's before anything goes upstream.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
 from fastapi import Response
 
 from api.codec import dumps
@@ -29,6 +35,7 @@ from api.proxy.compaction import HEADER, CompactRelay, expand, server_state, tri
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
+from api.proxy.owners import check_references, own_response
 from api.proxy.relay import CountRelay, Fit, Relay
 from api.proxy.streaming import OpenedStream, Tap, data_of, error_event
 from shared.errors import InvalidTranscript
@@ -112,12 +119,31 @@ def event_type(event: bytes) -> str | None:
 
 
 class ResponsesRelay(Relay):
-    """One `POST /v1/responses`: fitted unless it continues server-side state."""
+    """One `POST /v1/responses`: fitted unless it continues server-side state; the
+    response it creates recorded as the tenant's, the responses it continues checked to be
+    its own."""
+
+    created: str | None = None  # the id of the response the answer created, once read
 
     async def run(self) -> Response:
-        if triggered(self.body):  # Codex's compaction turn: answered by prefit
+        if triggered(self.body):  # Codex's compaction turn: answered by prefit (which checks)
             return await CompactRelay.triggered_by(self).run()
-        return await super().run()
+        await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
+        answer = await super().run()
+        await self._own(self.created)
+        return answer
+
+    async def _own(self, response_id: str | None) -> None:
+        self.created = None
+        await own_response(self.svc, self.proxy, self.caller.tenant, response_id)
+
+    def _answered(
+        self, upstream: httpx.Response, content: bytes, answer: Any, fit: Fit | None
+    ) -> Response:
+        if upstream.status_code < 300 and isinstance(answer, dict):
+            found = answer.get("id")
+            self.created = found if isinstance(found, str) else None
+        return super()._answered(upstream, content, answer, fit)
 
     async def _first_fit(self) -> Fit | None:
         expanded = await expand(self.svc, self.caller.tenant, self.body)
@@ -142,6 +168,7 @@ class ResponsesRelay(Relay):
         `response.failed` event whose error is `context_length_exceeded`, after
         `response.created`. The events before the output are read ahead to see it."""
         first = await opened.until(lambda e: event_type(e) not in _PREAMBLE)
+        await self._own(created_id(opened.read))  # before the client sees the id
         if first is None or event_type(first) != "response.failed":
             return None
         data = data_of(first)
@@ -150,5 +177,21 @@ class ResponsesRelay(Relay):
         return self.dialect.overflow(400, {"error": error})
 
 
+def created_id(events: list[bytes]) -> str | None:
+    """The id of the response a stream's `response.created` event announces, if read."""
+    for event in events:
+        if event_type(event) == "response.created":
+            data = data_of(event)
+            response = data.get("response") if isinstance(data, dict) else None
+            found = response.get("id") if isinstance(response, dict) else None
+            return found if isinstance(found, str) else None
+    return None
+
+
 class ResponsesCountRelay(CountRelay, ResponsesRelay):
-    """One `POST /v1/responses/input_tokens`: fitted as `/v1/responses` is, then counted."""
+    """One `POST /v1/responses/input_tokens`: fitted as `/v1/responses` is, then counted
+    (what it names checked as `ResponsesRelay` checks it)."""
+
+    async def run(self) -> Response:
+        await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
+        return await CountRelay.run(self)

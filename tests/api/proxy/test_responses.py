@@ -22,8 +22,9 @@ from shared.service.precompute import run_job
 from shared.summaries.extractive import ExtractiveSummarizer
 from tests.api.conftest import RESERVE, WINDOW, Recorder, key_of
 from tests.api.proxy.conftest import TASK, Proxy, proxy_settings, wait_for
+from tests.api.proxy.test_upstream import two_tenants
 from tests.api.server import serve
-from tests.fakeprovider import WORDS, prompt_tokens
+from tests.fakeprovider import WORDS, FakeProvider, prompt_tokens
 
 pytestmark = pytest.mark.anyio
 
@@ -279,35 +280,32 @@ def test_an_overflow_reported_inside_the_stream_is_retried_before_any_event(
 
 def test_a_stream_that_fails_otherwise_is_passed_on_as_it_came(proxy: Proxy) -> None:
     """When no retry is left the failed stream reaches the client, every event of it."""
+    earlier = sdk(proxy).responses.create(model=proxy.model, input="hi").id
     proxy.fake.scale = 1.5
     proxy.fake.overflow_in_stream = True
     raw = sdk(proxy).responses.with_raw_response.create(
         model=proxy.model,
         input=codex_session(21),  # type: ignore[arg-type]
         stream=True,
-        previous_response_id="resp_1",  # unfitted: nothing to retry with
+        previous_response_id=earlier,  # unfitted: nothing to retry with
     )
     kinds = [e.type for e in raw.parse()]
     assert kinds == ["response.created", "response.in_progress", "response.failed"]
 
 
-@pytest.mark.parametrize(
-    ("field", "value"), [("previous_response_id", "resp_earlier"), ("conversation", "conv_1")]
-)
-def test_server_side_state_is_forwarded_unfitted_and_the_header_says_so(
-    proxy: Proxy, field: str, value: str
-) -> None:
-    """With `previous_response_id` or `conversation` the provider holds turns prefit cannot
-    see: the request goes upstream exactly as sent."""
+def test_server_side_state_is_forwarded_unfitted_and_the_header_says_so(proxy: Proxy) -> None:
+    """With `previous_response_id` (of a response the tenant made) the provider holds turns
+    prefit cannot see: the request goes upstream exactly as sent."""
+    earlier = sdk(proxy).responses.create(model=proxy.model, input="hi").id
     items = codex_session(10)
     raw = sdk(proxy).responses.with_raw_response.create(
         model=proxy.model,
         input=items,  # type: ignore[arg-type]
-        **{field: value},  # type: ignore[arg-type]
+        previous_response_id=earlier,
     )
-    assert raw.headers["x-prefit-fit"] == f"skipped (server-side state: {field})"
-    [got] = proxy.fake.received
-    assert got.body == {"model": proxy.model, "input": items, field: value}
+    assert raw.headers["x-prefit-fit"] == "skipped (server-side state: previous_response_id)"
+    got = proxy.fake.received[-1]
+    assert got.body == {"model": proxy.model, "input": items, "previous_response_id": earlier}
 
 
 def test_an_input_prefit_cannot_read_is_forwarded_naming_the_item(proxy: Proxy) -> None:
@@ -382,26 +380,31 @@ def test_input_tokens_without_a_model_are_counted_unfitted(proxy: Proxy) -> None
 
 
 def test_stored_responses_pass_through(proxy: Proxy) -> None:
-    """Retrieve, delete, input items and cancel reach the provider unchanged; a compaction
-    that continues the provider's stored state does too (prefit cannot read that state)."""
+    """Retrieve, input items, cancel and delete (of a response the tenant made) reach the
+    provider unchanged; a compaction that continues the provider's stored state does too
+    (prefit cannot read that state); once deleted, the id is no longer the tenant's."""
     client = sdk(proxy)
-    assert client.responses.retrieve("resp_1").id == "resp_1"
-    assert [i.id for i in client.responses.input_items.list("resp_1")] == ["msg_1"]
-    assert client.responses.cancel("resp_1").status == "cancelled"
-    client.responses.delete("resp_1")
+    rid = client.responses.create(model=proxy.model, input="hi").id
+    assert client.responses.retrieve(rid).id == rid
+    assert [i.id for i in client.responses.input_items.list(rid)] == ["msg_1"]
+    assert client.responses.cancel(rid).status == "cancelled"
     compacted = client.responses.with_raw_response.compact(
-        model=proxy.model, previous_response_id="resp_1"
+        model=proxy.model, previous_response_id=rid
     )
     assert compacted.parse().output[0].type == "compaction"
     assert compacted.headers["x-prefit-fit"] == "skipped (server-side state: previous_response_id)"
-    got = proxy.fake.received
+    client.responses.delete(rid)
+    got = proxy.fake.received[1:]
     assert [(r.path, r.body.get("previous_response_id")) for r in got] == [
-        ("/v1/responses/resp_1", None),
-        ("/v1/responses/resp_1/input_items", None),
-        ("/v1/responses/resp_1/cancel", None),
-        ("/v1/responses/resp_1", None),
-        ("/v1/responses/compact", "resp_1"),
+        (f"/v1/responses/{rid}", None),
+        (f"/v1/responses/{rid}/input_items", None),
+        (f"/v1/responses/{rid}/cancel", None),
+        ("/v1/responses/compact", rid),
+        (f"/v1/responses/{rid}", None),
     ]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(rid)
+    assert len(proxy.fake.received) == 6
     assert {r.headers["authorization"] for r in got} == {"Bearer sk-upstream-openai"}
 
 
@@ -520,3 +523,35 @@ def test_a_stream_the_upstream_breaks_off_ends_with_an_error_event_both_clients_
     data = json.loads(last.split(b"data: ", 1)[1])
     assert data["type"] == "error" and "broke off" in data["message"]
     assert data["error"]["message"] == data["message"]
+
+
+def test_stored_responses_belong_to_the_tenant_that_made_them(redis_url: str, model: str) -> None:
+    """alice's responses (plain and streamed) are hers: bob's retrieve, delete, input items,
+    cancel and `previous_response_id` of them get OpenAI's not-found errors and never reach
+    the provider; a `conversation` is refused the same way; alice reaches her own."""
+    fake = FakeProvider()
+    with two_tenants(redis_url, model, fake.app) as t:
+        alice = openai.OpenAI(base_url=f"{t.url}/v1", api_key=f"key-{t.alice}", max_retries=0)
+        bob = openai.OpenAI(base_url=f"{t.url}/v1", api_key=f"key-{t.bob}", max_retries=0)
+        plain = alice.responses.create(model=model, input="hi", store=True).id
+        with alice.responses.stream(model=model, input="hi") as events:
+            streamed = events.get_final_response().id
+        made = len(fake.received)
+        for rid in (plain, streamed):
+            calls = (
+                bob.responses.retrieve,
+                bob.responses.delete,
+                bob.responses.input_items.list,
+                bob.responses.cancel,
+            )
+            for call in calls:
+                with pytest.raises(openai.NotFoundError, match=f"Response with id '{rid}'"):
+                    call(rid)
+            with pytest.raises(openai.BadRequestError, match="Previous response"):
+                bob.responses.create(model=model, input="more", previous_response_id=rid)
+        with pytest.raises(openai.BadRequestError, match="conversation"):
+            bob.responses.create(model=model, input="x", conversation="conv_1")
+        assert len(fake.received) == made  # nothing of bob's reached the provider
+        assert alice.responses.retrieve(streamed).id == streamed
+        follow = alice.responses.create(model=model, input="more", previous_response_id=plain)
+        assert alice.responses.retrieve(follow.id).id == follow.id
