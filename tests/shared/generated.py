@@ -110,8 +110,9 @@ def thinking_sessions(draw: st.DrawFn, max_turns: int = 5) -> tuple[Any, list[di
     `(system, messages)`. Each turn is a person's request (a `<system-reminder>` block before
     it, sometimes; a lone reminder message before it, sometimes), then a tool loop whose first
     assistant message starts with a thinking block (with interleaved thinking, later steps
-    too), parallel calls, reminders after tool results in the same user turn, and a final
-    answer, or the loop still running at the end."""
+    too), parallel calls, reminders after tool results in the same user turn (the step after
+    one thinks too: a user turn that is not only tool results opens a turn, to Anthropic's
+    strictest reading), and a final answer, or the loop still running at the end."""
     system = [{"type": "text", "text": "You are Claude Code. " + draw(sized)}]
     out: list[dict[str, Any]] = []
     turns = draw(st.integers(1, max_turns))
@@ -125,9 +126,10 @@ def thinking_sessions(draw: st.DrawFn, max_turns: int = 5) -> tuple[Any, list[di
         out.append({"role": "user", "content": request})
         steps = draw(st.integers(0, 8))
         interleaved = draw(st.booleans())
+        reminded = False
         for k in range(steps):
             content: list[dict[str, Any]] = []
-            if k == 0 or (interleaved and draw(st.booleans())):
+            if k == 0 or reminded or (interleaved and draw(st.booleans())):
                 content.append(_thinking_block(draw))
             if draw(st.booleans()):
                 content.append({"type": "text", "text": draw(sized)})
@@ -142,12 +144,13 @@ def thinking_sessions(draw: st.DrawFn, max_turns: int = 5) -> tuple[Any, list[di
                 {"type": "tool_result", "tool_use_id": u["id"], "content": draw(sized)}
                 for u in uses
             ]
-            if draw(st.integers(0, 2)) == 0:
+            reminded = draw(st.integers(0, 2)) == 0
+            if reminded:
                 results.append({"type": "text", "text": REMINDER})
             out.append({"role": "user", "content": results})
         if t < turns - 1 or steps == 0 or draw(st.booleans()):
             answer: list[dict[str, Any]] = [{"type": "text", "text": draw(sized)}]
-            if steps == 0 or (interleaved and draw(st.booleans())):
+            if steps == 0 or reminded or (interleaved and draw(st.booleans())):
                 answer.insert(0, _thinking_block(draw))
             out.append({"role": "assistant", "content": answer})
     return system, out

@@ -168,12 +168,13 @@ def check_thinking(transcript: Sequence[Message], out: Sequence[Message]) -> Non
 
 
 def thinking_refusal(sent: Sequence[dict[str, Any]]) -> str | None:
-    """Anthropic's refusal of Anthropic `messages` with thinking on, when an assistant turn
-    after a user's own message (not only tool results) does not start with a thinking
-    block (for transcripts that open every turn with one); None when none is found."""
+    """Anthropic's refusal of Anthropic `messages` with thinking on, when an assistant
+    message after a user message that is not only tool results (a turn's start, to the
+    strictest reading) does not start with a thinking block (for transcripts that open every
+    such turn with one); None when none is found."""
     for k in range(1, len(sent)):
         before, m = sent[k - 1], sent[k]
-        if m["role"] != "assistant" or before["role"] != "user" or _results(before):
+        if m["role"] != "assistant" or before["role"] != "user" or _only_results(before):
             continue
         first = m["content"][0]["type"] if isinstance(m["content"], list) else "text"
         if first not in ("thinking", "redacted_thinking"):
@@ -185,9 +186,9 @@ def thinking_refusal(sent: Sequence[dict[str, Any]]) -> str | None:
     return None
 
 
-def _results(m: dict[str, Any]) -> bool:
+def _only_results(m: dict[str, Any]) -> bool:
     content = m.get("content")
-    return isinstance(content, list) and any(b.get("type") == "tool_result" for b in content)
+    return isinstance(content, list) and all(b.get("type") == "tool_result" for b in content)
 
 
 def _thinking_split(turns: dict[int, list[int]], kept: set[int]) -> str | None:

@@ -655,7 +655,7 @@ async def test_a_record_ending_inside_a_thinking_turn_is_not_served(
 
 def issue_23_loop(steps: int) -> list[Message]:
     """The loop of issue 23: a task, then a tool loop whose first step alone carries the
-    thinking block, longer than the recent turns kept, with reminders after the results."""
+    thinking block, longer than the recent turns kept."""
     out: list[dict[str, Any]] = [{"role": "user", "content": "Rename the cache module"}]
     for k in range(steps):
         use = {"type": "tool_use", "id": f"toolu_{k}", "name": "Bash", "input": {"k": k}}
@@ -664,14 +664,14 @@ def issue_23_loop(steps: int) -> list[Message]:
             content.insert(0, {"type": "thinking", "thinking": "plan " * 50, "signature": "s"})
         out.append({"role": "assistant", "content": content})
         result = {"type": "tool_result", "tool_use_id": f"toolu_{k}", "content": "x " * 900}
-        out.append({"role": "user", "content": [result, {"type": "text", "text": REMINDER}]})
+        out.append({"role": "user", "content": [result]})
     return from_anthropic("You are Claude Code.", out)
 
 
 async def test_the_issue_23_loop_at_every_window() -> None:
     """Issue 23's request, at every window from the smallest that holds the recent turns:
     the loop's thinking step is never dropped while later steps stay (the whole loop is
-    kept, its older results cleared), and no reminder is taken for the request."""
+    kept, its older results cleared)."""
     msgs = issue_23_loop(12)
     fitted = 0
     for window in range(2_000, 16_000, 250):

@@ -147,3 +147,30 @@ def test_a_pass_through_body_must_be_strict_json(proxy: Proxy) -> None:
     )
     assert r.status_code == 400 and "at temperature" in r.json()["error"]["message"]
     assert proxy.fake.received == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        b"/v1beta/models/x%3Fevil=1:generateContent",
+        b"/v1beta/models/..:generateContent",
+        b"/v1beta/models/..%2F..%2Ffiles:generateContent",
+        b"/v1beta/models/gem%23x:streamGenerateContent?alt=sse",
+    ],
+)
+def test_gemini_model_ids_are_ids_too(proxy: Proxy, target: bytes) -> None:
+    """Gemini's model in the path is an id of its form, or the call is refused in Gemini's
+    shape before anything goes upstream."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST " + target + b" HTTP/1.1\r\nHost: x\r\nx-goog-api-key: " + proxy.key.encode()
+            + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+            b"Connection: close\r\n\r\n{}"
+        )  # fmt: skip
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    assert answer.split(b" ", 2)[1] in (b"400", b"404"), answer[:200]
+    assert b'"status":"' in answer.replace(b" ", b"")  # Gemini's error shape
+    assert proxy.fake.received == []
