@@ -46,8 +46,10 @@ RUN --mount=type=cache,target=/root/.cache/uv \
 COPY shared ./shared
 COPY api ./api
 COPY worker ./worker
+# --reinstall-package: uv keys its cached wheel of a local project on pyproject.toml alone, so
+# with the cache mount a rebuild after a code change installed the old code (seen on Docker).
 RUN --mount=type=cache,target=/root/.cache/uv \
-    /opt/uv/bin/uv sync --frozen --no-dev --no-editable
+    /opt/uv/bin/uv sync --frozen --no-dev --no-editable --reinstall-package prefit
 
 # The encodings into PREFIT_TIKTOKEN_DIR: the files of the `tiktoken` context when it has them,
 # else downloaded by tiktoken (its cache outlives the build, so a rebuild does not fetch again).
@@ -60,7 +62,7 @@ RUN --mount=type=bind,from=tiktoken,target=/mnt/tiktoken \
 # in a venv of its own, so the API and worker image carries none of it.
 FROM builder AS flower-builder
 RUN --mount=type=cache,target=/root/.cache/uv \
-    /opt/uv/bin/uv sync --frozen --no-dev --no-editable --group flower
+    /opt/uv/bin/uv sync --frozen --no-dev --no-editable --group flower --reinstall-package prefit
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG TIKTOKEN_DIR=/opt/prefit/tiktoken

@@ -1,16 +1,78 @@
-"""A fake OpenAI + Anthropic + Gemini provider over real HTTP, for the proxy's tests and
-benchmark (the Gemini API: `FakeGemini`).
+"""A strict, slow fake OpenAI + Anthropic + Gemini provider over real HTTP, for the proxy's
+tests and benchmarks (the Gemini API: `FakeGemini`).
 
 It serves `POST /v1/chat/completions`, `POST /v1/responses` and `POST /v1/messages` the way
 the providers do (the stored-response endpoints of the Responses API answer plausibly),
-records every request it receives (path, headers, JSON body), and answers each with, in
-order of precedence: the next scripted `Reply`; a context-length error of its protocol, with
-the provider's figures, when the prompt is over `limit_tokens`; else an answer whose text
-is `words` joined, streamed event by event when the request says `stream: true`. Its usage
-counts the prompt as prefit's heuristic counter does, times `scale`, so a test can make
-prefit's estimates wrong by a known factor. As a process (the benchmark):
+records every request it receives (path, headers, JSON body, status, error message), and
+answers each, in order of precedence, with: a refusal of a request that breaks one of the
+providers' request rules below (400, the provider's own message); the next scripted
+`Reply`; a context-length error of its protocol, with the provider's figures, when the
+prompt (or the prompt plus the reply asked for) is over `limit_tokens`; else an answer whose
+text is `words` joined, streamed event by event when the request says `stream: true`. Its
+usage counts the prompt as prefit's heuristic counter does, times `scale`, so a test can
+make prefit's estimates wrong by a known factor.
 
-    python -m tests.fakeprovider --port 8901
+A fake is a claim about the real thing, so it takes the time real providers do (`Pace`:
+seconds before the answer's headers, pauses inside a stream; small but nonzero in the proxy
+tests, real seconds in a few) and refuses what they refuse (`strict`, on by default), with
+their messages as users reported them (each rule below names where):
+
+Anthropic Messages (`anthropic_refusal`):
+- every `tool_use` of an assistant message is answered by a `tool_result` in the next (user)
+  message: "messages.N: `tool_use` ids were found without `tool_result` blocks immediately
+  after: ID. Each `tool_use` block must have a corresponding `tool_result` block in the next
+  message." (anthropics/claude-code#1237, #5989; OpenHands/OpenHands#7512, where a trimmed
+  prompt split a pair);
+- every `tool_result` answers a `tool_use` of the message before it: "messages.N.content.K:
+  unexpected `tool_use_id` found in `tool_result` blocks: ID. Each `tool_result` block must
+  have a corresponding `tool_use` block in the previous message." (anthropics/claude-code#13460,
+  router-for-me/CLIProxyAPI#497);
+- with `thinking` enabled, in a running tool loop (the last message carries tool results)
+  the turn's first assistant message must start with a thinking block: "messages.N.content.0.type:
+  Expected `thinking` or `redacted_thinking`, but found `text`. When `thinking` is enabled, a
+  final `assistant` message must start with a thinking block (preceeding the lastmost set of
+  `tool_use` and `tool_result` blocks). ..." (n8n-io/n8n#22550, anthropics/claude-code#20705,
+  OpenRouterTeam/ai-sdk-provider#162); and an assistant message holding thinking blocks starts
+  with one: "messages.N.content.0: If an assistant message contains any thinking blocks, the
+  first block must be thinking or redacted_thinking. Found text." (anthropics/claude-code#20705);
+- at most 4 blocks carry `cache_control` (system, tools and messages together): "A maximum of 4
+  blocks with cache_control may be provided. Found 5." (tghamm/Anthropic.SDK#50,
+  Wei-Shaw/sub2api#176);
+- text blocks are not empty: "messages: text content blocks must be non-empty"
+  (stackblitz/bolt.new#7426), nor only whitespace: "messages: text content blocks must
+  contain non-whitespace text" (anomalyco/opencode#3194); a message's content is not empty:
+  "messages.N: all messages must have non-empty content except for the optional final
+  assistant message";
+- the prompt fits the window, and so does the prompt plus `max_tokens`: "prompt is too long:
+  N tokens > W maximum"; "input length and `max_tokens` exceed context limit: N + M > W,
+  decrease input length or `max_tokens` and try again" (anthropics/claude-code#228,
+  docker/docker-agent#569, continuedev/continue#6080).
+
+OpenAI Chat Completions (`chat_refusal`):
+- an assistant message's `tool_calls` are each answered by a `tool` message after it: "An
+  assistant message with 'tool_calls' must be followed by tool messages responding to each
+  'tool_call_id'. The following tool_call_ids did not have response messages: ID"
+  (BerriAI/litellm#10083, router-for-me/CLIProxyAPI#2798, param `messages.[N].role`);
+- a `tool` message answers a call of the assistant message before it: "Invalid parameter:
+  messages with role 'tool' must be a response to a preceeding message with 'tool_calls'."
+  (smarter-sh/smarter#264, miurla/morphic#136);
+- the prompt plus `max_completion_tokens` (or `max_tokens`) fits the window: "This model's
+  maximum context length is W tokens. However, you requested T tokens (N in the messages, M
+  in the completion). ...", code `context_length_exceeded` (dimagi/open-chat-studio#463;
+  openai/openai-python's `BadRequestError`).
+
+OpenAI Responses (`responses_refusal`, unless the request continues `previous_response_id`):
+- a `reasoning` item is followed by the item it belongs to: "Item 'rs_...' of type
+  'reasoning' was provided without its required following item." (openai/openai-node#1567,
+  vercel/ai#7099, continuedev/continue#8933);
+- a `function_call_output` answers a `function_call` before it: "No tool call found for
+  function call output with call_id ID." (continuedev/continue#10092), and a `function_call`
+  is answered: "No tool output found for function call ID." (tjardoo/openai-client#124);
+- the prompt plus `max_output_tokens` fits the window, as Chat Completions.
+
+As a process (the benchmarks):
+
+    python -m tests.fakeprovider --port 8901 [--headers-s 0.5 --events-s 0.02]
 """
 
 from __future__ import annotations
@@ -25,7 +87,7 @@ import secrets
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import uvicorn
 from starlette.applications import Starlette
@@ -88,17 +150,29 @@ class Received:
     body: dict[str, Any]
     status: int  # 400 for an overflow reported inside a 200 stream
     path: str = ""
+    error: str = ""  # the message of the error it answered with, if any
 
 
-def prompt_tokens(protocol: str, body: Mapping[str, Any], scale: float = 1.0) -> int:
-    """The fake's count of a request's prompt: prefit's heuristic count, times `scale`."""
+class Counts(Protocol):
+    """What the fake counts a prompt with (prefit's heuristic, or a real tokenizer)."""
+
+    def count(self, messages: list[Any], tools: list[Any]) -> float:
+        """The prompt's tokens."""
+        ...
+
+
+def prompt_tokens(
+    protocol: str, body: Mapping[str, Any], scale: float = 1.0, counter: Counts | None = None
+) -> int:
+    """The fake's count of a request's prompt: prefit's heuristic count (or `counter`'s),
+    times `scale`."""
     messages = body.get("messages") or []
     try:
         if protocol == "anthropic":
             messages = from_anthropic(body.get("system"), messages)
         elif protocol == "responses":
             messages = from_responses(body.get("instructions"), body.get("input"))
-        counted = _COUNTER.count(messages, body.get("tools") or [])
+        counted = (counter or _COUNTER).count(messages, body.get("tools") or [])
     except InvalidTranscript:  # a shape prefit does not know: its size, roughly
         counted = len(json.dumps(body)) // 4
     return math.ceil(counted * scale)
@@ -116,6 +190,8 @@ class FakeProvider:
         pace: Pace = QUICK,
         record: bool = True,
         compaction: bool = True,
+        strict: bool = True,
+        counter: Counts | None = None,
     ) -> None:
         self.limit_tokens = limit_tokens
         self.scale = scale
@@ -125,6 +201,8 @@ class FakeProvider:
         # False: an upstream without OpenAI's compaction (vLLM, Ollama, a gateway): no
         # /v1/responses/compact route (a plain 404) and a `compaction` input item refused
         self.compaction = compaction
+        self.strict = strict  # refuse what the providers refuse (the module docstring)
+        self.counter = counter  # None: prefit's heuristic, so tests know its count exactly
         # a streamed Responses request over the window is refused inside a 200 stream, by a
         # `response.failed` event (recorded as a 400), as OpenAI may do
         self.overflow_in_stream = False
@@ -174,15 +252,19 @@ class FakeProvider:
     async def _count(self, request: Request, protocol: str = "anthropic") -> Response:
         """Anthropic's token count: the fake's count of the prompt, or the next scripted error."""
         body = json.loads(await request.body())
+        refused = self._refusal(protocol, body, None)
+        if refused is not None:
+            self._note(protocol, request, body, 400, _message(refused))
+            return JSONResponse(refused, status_code=400)
         with self._lock:
             reply = self._script.pop(0) if self._script else None
         self._note(protocol, request, body, reply.status if reply is not None else 200)
         if not await self._think(request):
             return Response(status_code=499)
         if reply is not None and reply.status >= 300:
-            payload = _error(protocol, reply, 0)
+            payload = _error(protocol, reply, 0, 0)
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
-        counted = {"input_tokens": prompt_tokens(protocol, body, self.scale)}
+        counted = {"input_tokens": prompt_tokens(protocol, body, self.scale, self.counter)}
         if protocol == "responses":
             counted["object"] = "response.input_tokens"  # type: ignore[assignment]
         return JSONResponse(counted)
@@ -239,33 +321,60 @@ class FakeProvider:
             {"object": "list", "data": [item], "model": body.get("model"), "usage": usage}
         )
 
-    def _note(self, protocol: str, request: Request, body: dict[str, Any], status: int) -> None:
+    def _note(
+        self, protocol: str, request: Request, body: dict[str, Any], status: int, error: str = ""
+    ) -> None:
         if self.record:
             with self._lock:
                 self._received.append(
-                    Received(protocol, dict(request.headers), body, status, request.url.path)
+                    Received(protocol, dict(request.headers), body, status, request.url.path, error)
                 )
+
+    def _refusal(
+        self, protocol: str, body: Mapping[str, Any], limit: int | None
+    ) -> dict[str, Any] | None:
+        """The provider's refusal of `body` by its rules (and, with `limit`, its window)."""
+        if not self.strict:
+            return None
+        if protocol == "anthropic":
+            return anthropic_refusal(body, limit, self.scale)
+        if protocol == "openai":
+            return chat_refusal(body, limit, self.scale)
+        return responses_refusal(body, limit, self.scale)
 
     async def _handle(self, protocol: str, request: Request) -> Response:
         body = json.loads(await request.body())
-        tokens = prompt_tokens(protocol, body, self.scale)
+        tokens = prompt_tokens(protocol, body, self.scale, self.counter)
+        refused = self._refusal(protocol, body, None)
+        if refused is not None:  # a provider checks a request's shape first, and at once
+            self._note(protocol, request, body, 400, _message(refused))
+            return JSONResponse(refused, status_code=400)
         with self._lock:
             reply = self._script.pop(0) if self._script else None
-        if reply is None and self.limit_tokens is not None and tokens > self.limit_tokens:
-            reply = Reply(400, overflow=True, limit=self.limit_tokens)
+        over = self.limit_tokens is not None and tokens + _asked(body) > self.limit_tokens
+        if reply is None and over:
+            reply = Reply(400, overflow=True, limit=self.limit_tokens or 0)
         if reply is None and protocol == "responses" and not self.compaction:
             reply = _unknown_items(body)
-        status = reply.status if reply is not None else 200
-        self._note(protocol, request, body, status)
+        status, error = 200, ""
+        if reply is not None and reply.status >= 300:
+            status = reply.status
+            shown = reply.body or _error(protocol, reply, tokens, _asked(body))
+            error = _message(shown)
+        elif reply is not None:
+            status = reply.status
+        self._note(protocol, request, body, status, error)
         if not await self._think(request):
             return Response(status_code=499)  # nobody is listening any more
         in_stream = protocol == "responses" and body.get("stream") is True
         if self.overflow_in_stream and in_stream and reply is not None and reply.overflow:
-            failed = _responses_failed(body, _error(protocol, reply, tokens)["error"])
+            failed = _responses_failed(body, _error(protocol, reply, tokens, _asked(body))["error"])
             return StreamingResponse(self._paced(failed), media_type="text/event-stream")
         if reply is not None and reply.status >= 300:
             payload = (
-                dict(reply.body) if reply.body is not None else _error(protocol, reply, tokens)
+                dict(reply.body)
+                if reply.body is not None
+                else _error(protocol, reply, tokens, _asked(body))
             )
             return JSONResponse(payload, status_code=reply.status, headers=dict(reply.headers))
         if protocol == "responses":
@@ -470,21 +579,314 @@ def _item_events(item: dict[str, Any], k: int, words: Sequence[str]) -> list[dic
     return [*events, {"type": "response.output_item.done", **at, "item": item}]
 
 
-def _error(protocol: str, reply: Reply, tokens: int) -> dict[str, Any]:
-    kind = ERROR_TYPES.get(reply.status, "api_error")
+def _error(protocol: str, reply: Reply, tokens: int, asked: int) -> dict[str, Any]:
+    """The error body of `reply` (an overflow states its figures as the provider does: the
+    prompt alone over the window, or the prompt plus the reply `asked` for)."""
     if protocol == "anthropic":
-        text = f"prompt is too long: {tokens} tokens > {reply.limit} maximum"
-        message = text if reply.overflow else "scripted failure"
+        kind = ERROR_TYPES.get(reply.status, "api_error")
+        message = "scripted failure"
+        if reply.overflow:
+            message = anthropic_overflow(tokens, asked, reply.limit)
         return {"type": "error", "error": {"type": kind, "message": message}}
     if reply.overflow:
-        message = (
-            f"This model's maximum context length is {reply.limit} tokens. However, your "
-            f"messages resulted in {tokens} tokens. Please reduce the length of the messages."
-        )
-        param = "input" if protocol == "responses" else "messages"
-        err = {"message": message, "type": kind, "param": param}
-        return {"error": {**err, "code": "context_length_exceeded"}}
+        return _openai_error(openai_overflow(tokens, asked, reply.limit), _param(protocol))
+    kind = ERROR_TYPES.get(reply.status, "api_error")
     return {"error": {"message": "scripted failure", "type": kind, "param": None, "code": None}}
+
+
+def anthropic_overflow(tokens: int, asked: int, limit: int) -> str:
+    """Anthropic's message for a prompt of `tokens` (asking `asked` more) over `limit`."""
+    if tokens > limit or not asked:
+        return f"prompt is too long: {tokens} tokens > {limit} maximum"
+    return (
+        f"input length and `max_tokens` exceed context limit: {tokens} + {asked} > {limit}, "
+        "decrease input length or `max_tokens` and try again"
+    )
+
+
+def openai_overflow(tokens: int, asked: int, limit: int) -> str:
+    """OpenAI's message for a prompt of `tokens` (asking `asked` more) over `limit`."""
+    if not asked:
+        return (
+            f"This model's maximum context length is {limit} tokens. However, your messages "
+            f"resulted in {tokens} tokens. Please reduce the length of the messages."
+        )
+    return (
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{tokens + asked} tokens ({tokens} in the messages, {asked} in the completion). "
+        "Please reduce the length of the messages or completion."
+    )
+
+
+def _openai_error(message: str, param: str | None, code: str | None = None) -> dict[str, Any]:
+    code = code if code is not None else "context_length_exceeded"
+    err = {"message": message, "type": "invalid_request_error", "param": param}
+    return {"error": {**err, "code": code or None}}
+
+
+def _param(protocol: str) -> str:
+    return "input" if protocol == "responses" else "messages"
+
+
+def _message(error: Mapping[str, Any]) -> str:
+    inner = error.get("error")
+    return str(inner.get("message", "")) if isinstance(inner, dict) else ""
+
+
+def _asked(body: Mapping[str, Any]) -> int:
+    """The reply a request asks for (0 when none), as each provider reads it."""
+    for name in ("max_completion_tokens", "max_output_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return 0
+
+
+# --- the providers' request rules (the module docstring cites each) -----------------------
+
+THINKING_DOC = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking"
+MAX_CACHE_BREAKPOINTS = 4
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    """An Anthropic message's content as blocks (a string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+
+
+def _anthropic_error(message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+
+
+def anthropic_refusal(
+    body: Mapping[str, Any], limit: int | None = None, scale: float = 1.0
+) -> dict[str, Any] | None:
+    """Anthropic's 400 for `body` when it breaks one of its request rules; None if none."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    message = (
+        _anthropic_content(body, messages)
+        or _anthropic_pairs(messages)
+        or _anthropic_thinking(body, messages)
+    )
+    if message is None and limit is not None:
+        tokens = prompt_tokens("anthropic", body, scale)
+        if tokens + _asked(body) > limit:
+            message = anthropic_overflow(tokens, _asked(body), limit)
+    return _anthropic_error(message) if message is not None else None
+
+
+def _anthropic_content(body: Mapping[str, Any], messages: list[Any]) -> str | None:
+    """Empty messages and text blocks, and more than 4 cache breakpoints."""
+    marked = 0
+    system = body.get("system")
+    for block in _blocks(system) if isinstance(system, list) else []:
+        marked += "cache_control" in block
+        if block.get("type") == "text" and not str(block.get("text", "")):
+            return "system: text content blocks must be non-empty"
+    for tool in body.get("tools") or []:
+        marked += isinstance(tool, dict) and "cache_control" in tool
+    for i, msg in enumerate(messages):
+        content = msg.get("content") if isinstance(msg, dict) else None
+        last_assistant = i == len(messages) - 1 and msg.get("role") == "assistant"
+        if content in ("", []) and not last_assistant:
+            return (
+                f"messages.{i}: all messages must have non-empty content except for the "
+                "optional final assistant message"
+            )
+        for block in _blocks(content) if isinstance(content, list) else []:
+            marked += "cache_control" in block
+            if block.get("type") != "text":
+                continue
+            text = str(block.get("text", ""))
+            if not text:
+                return "messages: text content blocks must be non-empty"
+            if not text.strip():
+                return "messages: text content blocks must contain non-whitespace text"
+    if marked > MAX_CACHE_BREAKPOINTS:
+        return f"A maximum of 4 blocks with cache_control may be provided. Found {marked}."
+    return None
+
+
+def _uses(msg: Any) -> list[str]:
+    """The ids of an assistant message's `tool_use` blocks."""
+    if not isinstance(msg, dict) or msg.get("role") != "assistant":
+        return []
+    return [str(b.get("id")) for b in _blocks(msg.get("content")) if b.get("type") == "tool_use"]
+
+
+def _results(msg: Any) -> list[tuple[int, str]]:
+    """(block index, tool_use_id) of a user message's `tool_result` blocks."""
+    if not isinstance(msg, dict) or msg.get("role") != "user":
+        return []
+    blocks = _blocks(msg.get("content"))
+    return [
+        (k, str(b.get("tool_use_id")))
+        for k, b in enumerate(blocks)
+        if b.get("type") == "tool_result"
+    ]
+
+
+def _anthropic_pairs(messages: list[Any]) -> str | None:
+    """Each tool_use answered in the next message, each tool_result answering the last one."""
+    for i, msg in enumerate(messages):
+        before = set(_uses(messages[i - 1])) if i else set()
+        for k, use_id in _results(msg):
+            if use_id not in before:
+                return (
+                    f"messages.{i}.content.{k}: unexpected `tool_use_id` found in `tool_result` "
+                    f"blocks: {use_id}. Each `tool_result` block must have a corresponding "
+                    "`tool_use` block in the previous message."
+                )
+        uses = _uses(msg)
+        answered = {u for _, u in _results(messages[i + 1])} if i + 1 < len(messages) else set()
+        missing = [u for u in uses if u not in answered]
+        if missing:
+            return (
+                f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                f"immediately after: {', '.join(missing)}. Each `tool_use` block must have a "
+                "corresponding `tool_result` block in the next message."
+            )
+    return None
+
+
+def _anthropic_thinking(body: Mapping[str, Any], messages: list[Any]) -> str | None:
+    """With thinking on, a running tool loop's first assistant message starts with thinking."""
+    thinking = body.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return None
+    first_kinds = ("thinking", "redacted_thinking")
+    for i, msg in enumerate(messages):
+        blocks = _blocks(msg.get("content")) if isinstance(msg, dict) else []
+        if msg.get("role") != "assistant" or not blocks:
+            continue
+        if (
+            any(b.get("type") in first_kinds for b in blocks)
+            and blocks[0].get("type") not in first_kinds
+        ):
+            return (
+                f"messages.{i}.content.0: If an assistant message contains any thinking "
+                "blocks, the first block must be thinking or redacted_thinking. Found "
+                f"{blocks[0].get('type')}."
+            )
+    if not messages or not _only_results(messages[-1]):
+        return None  # no tool loop running: earlier turns' thinking may be left out
+    start = max((i for i, m in enumerate(messages) if _a_request(m)), default=-1)
+    turn = [i for i in range(start + 1, len(messages)) if messages[i].get("role") == "assistant"]
+    if not turn:
+        return None
+    blocks = _blocks(messages[turn[0]].get("content"))
+    found = blocks[0].get("type") if blocks else "text"
+    if found in first_kinds:
+        return None
+    return (
+        f"messages.{turn[0]}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+        f"found `{found}`. When `thinking` is enabled, a final `assistant` message must start "
+        "with a thinking block (preceeding the lastmost set of `tool_use` and `tool_result` "
+        "blocks). We recommend you include thinking blocks from previous turns. To avoid "
+        f"this requirement, disable `thinking`. Please consult our documentation at {THINKING_DOC}"
+    )
+
+
+def _only_results(msg: Any) -> bool:
+    """Whether `msg` is a user message of tool results only (a step of a tool loop)."""
+    if not isinstance(msg, dict) or msg.get("role") != "user":
+        return False
+    blocks = _blocks(msg.get("content"))
+    return bool(blocks) and all(b.get("type") == "tool_result" for b in blocks)
+
+
+def _a_request(msg: Any) -> bool:
+    """Whether `msg` opens a turn: a user message that is not only tool results."""
+    return isinstance(msg, dict) and msg.get("role") == "user" and not _only_results(msg)
+
+
+def chat_refusal(
+    body: Mapping[str, Any], limit: int | None = None, scale: float = 1.0
+) -> dict[str, Any] | None:
+    """OpenAI Chat Completions' 400 for `body` when it breaks a request rule; None if none."""
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return None
+    calls: list[str] = []  # the calls of the assistant message the tool messages follow
+    opened_at = -1
+    for i, msg in enumerate([*messages, {"role": "end"}]):
+        role = msg.get("role") if isinstance(msg, dict) else None
+        if role == "tool":
+            call_id = str(msg.get("tool_call_id"))
+            if call_id not in calls:
+                message = (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'."
+                )
+                return _openai_error(message, f"messages.[{i}].role", "")
+            calls.remove(call_id)
+            continue
+        if calls:
+            message = (
+                "An assistant message with 'tool_calls' must be followed by tool messages "
+                "responding to each 'tool_call_id'. The following tool_call_ids did not have "
+                f"response messages: {', '.join(calls)}"
+            )
+            return _openai_error(message, f"messages.[{opened_at}].role", "")
+        calls = []
+        if role == "assistant":
+            opened_at = i
+            calls = [str(c.get("id")) for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+    if limit is not None:
+        tokens = prompt_tokens("openai", body, scale)
+        if tokens + _asked(body) > limit:
+            return _openai_error(openai_overflow(tokens, _asked(body), limit), "messages")
+    return None
+
+
+def responses_refusal(
+    body: Mapping[str, Any], limit: int | None = None, scale: float = 1.0
+) -> dict[str, Any] | None:
+    """The Responses API's 400 for `body` when it breaks a request rule; None if none."""
+    items = body.get("input")
+    if not isinstance(items, list) or body.get("previous_response_id"):
+        return None
+    items = [i for i in items if isinstance(i, dict)]
+    message = _responses_items(items)
+    if message is None and limit is not None:
+        tokens = prompt_tokens("responses", body, scale)
+        if tokens + _asked(body) > limit:
+            return _openai_error(openai_overflow(tokens, _asked(body), limit), "input")
+    return _openai_error(message, "input", "") if message is not None else None
+
+
+def _responses_items(items: list[dict[str, Any]]) -> str | None:
+    calls: set[str] = set()
+    outputs = {str(i.get("call_id")) for i in items if i.get("type") == "function_call_output"}
+    for k, item in enumerate(items):
+        kind = item.get("type")
+        if kind == "reasoning":
+            after = items[k + 1] if k + 1 < len(items) else None
+            if after is None or not _follows_reasoning(after):
+                return (
+                    f"Item '{item.get('id')}' of type 'reasoning' was provided without its "
+                    "required following item."
+                )
+        elif kind == "function_call":
+            calls.add(str(item.get("call_id")))
+            if str(item.get("call_id")) not in outputs:
+                return f"No tool output found for function call {item.get('call_id')}."
+        elif kind == "function_call_output" and str(item.get("call_id")) not in calls:
+            return (
+                f"No tool call found for function call output with call_id {item.get('call_id')}."
+            )
+    return None
+
+
+def _follows_reasoning(item: Mapping[str, Any]) -> bool:
+    """Whether `item` may follow a reasoning item: the output item it was reasoning for."""
+    kind = item.get("type", "message")
+    if kind == "message":
+        return item.get("role") == "assistant"
+    return kind not in ("reasoning", "function_call_output", "item_reference")
 
 
 def _openai_answer(body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:
@@ -680,6 +1082,13 @@ def _gemini_prompt(content: Any) -> bool:
     )
 
 
+def gemini_overflow(tokens: int, limit: int) -> str:
+    """Gemini's overflow message (google-gemini/gemini-cli#4118, #6678)."""
+    return (
+        f"The input token count ({tokens}) exceeds the maximum number of tokens allowed ({limit})."
+    )
+
+
 def gemini_error(status: int, message: str) -> dict[str, Any]:
     kinds = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}
     return {"error": {"code": status, "message": message, "status": kinds.get(status, "INTERNAL")}}
@@ -733,6 +1142,8 @@ class FakeGemini:
             return 403, GEMINI_KEY_MISSING
         if verb not in ("generateContent", "streamGenerateContent", "countTokens"):
             return 404, f"Method not found: {verb}"
+        if reply is not None and reply.overflow:
+            return 400, gemini_overflow(tokens, reply.limit)
         if reply is not None and reply.status >= 300:
             return reply.status, "scripted failure"
         inner = body.get("generateContentRequest")
@@ -741,10 +1152,7 @@ class FakeGemini:
             return 400, fault
         limit = self.fake.limit_tokens
         if limit is not None and tokens > limit and verb != "countTokens":
-            return 400, (
-                f"The input token count ({tokens}) exceeds the maximum number of tokens "
-                f"allowed ({limit})."
-            )
+            return 400, gemini_overflow(tokens, limit)
         return None
 
     def _parts(self, reply: Reply | None) -> list[dict[str, Any]]:

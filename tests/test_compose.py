@@ -23,6 +23,7 @@ import yaml
 
 from shared.commands.redisproc import free_port
 from shared.logs import stdlib_formatter
+from shared.service.watchdog import process_start
 from shared.settings import Settings
 from tests.conftest import ROOT
 from tests.redisbackend import needs_redis_server
@@ -512,6 +513,34 @@ def test_down_takes_every_profile_and_the_docs_say_so() -> None:
     assert "`docker compose down` with no variable set removed everything" not in deploy
 
 
+def run_alive(heartbeat: Path) -> subprocess.CompletedProcess[str]:
+    """The compose file's liveness check (its `alive` config) as Docker runs it."""
+    script = config()["configs"]["alive"]["content"]
+    env = {"PATH": os.environ["PATH"], "PREFIT_HEARTBEAT_FILE": str(heartbeat)}
+    return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+
+
+def test_the_liveness_check_kills_only_the_run_that_wrote_the_heartbeat(tmp_path: Path) -> None:
+    """A restarted container keeps /tmp and reuses pids: a heartbeat long past whose start time
+    is not its pid's is an earlier run's, and nothing is killed; the same line with the
+    process's own start time kills it; no file at all is not alive, and kills nothing."""
+    heartbeat = tmp_path / "alive"
+    assert run_alive(heartbeat).returncode == 1
+    bystander = subprocess.Popen(["sleep", "300"])
+    try:
+        heartbeat.write_text(f"{bystander.pid} 1 {int(process_start(bystander.pid)) + 1}\n")
+        stale = run_alive(heartbeat)
+        assert stale.returncode == 1 and "this run" in stale.stdout
+        assert bystander.poll() is None
+        heartbeat.write_text(f"{bystander.pid} 1 {process_start(bystander.pid)}\n")
+        assert run_alive(heartbeat).returncode == 1
+        assert bystander.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        if bystander.poll() is None:
+            bystander.kill()
+        bystander.wait()
+
+
 def start_stoppable(service: str, tmp_path: Path, redis_url: str) -> subprocess.Popen[bytes]:
     """The container's command of `service` as a real process on this host (`prefit api` or
     `prefit worker`), with the image's heartbeat file in `tmp_path` and a 3 s watchdog."""
@@ -543,13 +572,11 @@ def test_a_stopped_process_is_killed_by_its_containers_liveness_check(
     config, run every second here as Docker runs it every 10 s) passes while the heartbeat's
     deadline is ahead, then kills the process (SIGKILL) once PREFIT_WATCHDOG_S and an
     interval have passed, as docker-init's child, so the container exits and restarts."""
-    script = config()["configs"]["alive"]["content"]
     heartbeat = tmp_path / "alive"
     proc = start_stoppable(service, tmp_path, redis_url)
 
     def check() -> subprocess.CompletedProcess[str]:
-        env = {"PATH": os.environ["PATH"], "PREFIT_HEARTBEAT_FILE": str(heartbeat)}
-        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, env=env)
+        return run_alive(heartbeat)
 
     try:
         deadline = time.monotonic() + 60

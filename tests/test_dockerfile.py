@@ -164,6 +164,10 @@ def test_the_app_builds_from_the_lock_without_dev_or_flower() -> None:
     builder = " ".join(stages()["builder"].args("RUN"))
     assert "uv sync --frozen --no-dev --no-editable" in builder
     assert "--group flower" not in builder
+    # uv caches a local project's wheel by its pyproject.toml: a rebuild must not reuse it
+    for stage in ("builder", "flower-builder"):
+        [sync] = [r for r in stages()[stage].args("RUN") if "--no-editable" in r]
+        assert "--reinstall-package prefit" in sync, stage
     flower_runs = " ".join(stages()["flower-builder"].args("RUN"))
     assert "uv sync --frozen --no-dev --no-editable --group flower" in flower_runs
 

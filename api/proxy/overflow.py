@@ -36,6 +36,16 @@ tokens (P in the messages, C in the completion)" (OpenAI). So:
 - A retry after an overflow fits the same way, with every step the first attempt had (the
   last resort included), and never sends a larger reply than the attempt before it.
 
+What each conversation's overflows teach (`Corrections`). An overflow states the provider's
+count N of the prompt prefit estimated at E: that conversation's content is N / E times
+denser than the estimate (code, JSON, another language than calibration has seen). The
+retry uses it; so does the conversation's next turn, from its first attempt: the tenant's
+next request of the same conversation is fitted at pressure E / N (less 2%), so it is not
+over the window again and does not pay a round trip for it every turn near the window. The
+provider's counts of the answers that follow keep the factor current (and drop it once the
+estimate is no longer low: calibration caught up). Kept per tenant and conversation in each
+API process (the latest 10,000), never across tenants.
+
 Windows learned from the provider (`LearnedWindows`), for models with none configured. A
 model missing from `PREFIT_MODELS` is forwarded unfitted. When the provider refuses such a
 request with a context-length error that states its maximum, that maximum is the model's
@@ -50,6 +60,7 @@ only for models left out.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -266,3 +277,49 @@ class LearnedWindows:
             while len(self._windows) > MAX_MODELS:
                 del self._windows[next(iter(self._windows))]
         return window
+
+
+# --- what a conversation's overflows teach ------------------------------------------------
+
+MAX_CONVERSATIONS = 10_000  # corrections kept per process: the latest conversations'
+LEARN_MARGIN = 1.02  # above the density the provider stated: the next turn's new content
+
+
+class Corrections:
+    """How much denser than prefit's estimate each conversation's prompts are, learned from
+    the provider's counts (an overflow's, then the answers'), by tenant and conversation."""
+
+    def __init__(self) -> None:
+        self._factors: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def pressure(self, tenant: str, conversation: str) -> float:
+        """The pressure to fit `tenant`'s `conversation` at from its first attempt (1.0:
+        nothing learned)."""
+        with self._lock:
+            factor = self._factors.get((tenant, conversation))
+        return 1.0 if factor is None else max(FLOOR, 1.0 / factor)
+
+    def overflowed(self, tenant: str, conversation: str, provider: int, estimated: int) -> None:
+        """An overflow: the provider counted `provider` tokens of a prompt estimated at
+        `estimated` (at pressure 1)."""
+        self._set(tenant, conversation, provider, estimated)
+
+    def counted(self, tenant: str, conversation: str, provider: int, estimated: int) -> None:
+        """An answer's count of a conversation with a correction: the factor follows it."""
+        with self._lock:
+            if (tenant, conversation) not in self._factors:
+                return
+        self._set(tenant, conversation, provider, estimated)
+
+    def _set(self, tenant: str, conversation: str, provider: int, estimated: int) -> None:
+        if provider <= 0 or estimated <= 0:
+            return
+        factor = LEARN_MARGIN * provider / estimated
+        key = (tenant, conversation)
+        with self._lock:
+            self._factors.pop(key, None)
+            if factor > LEARN_MARGIN:  # the estimate was low: fit the next turn with it
+                self._factors[key] = factor
+            while len(self._factors) > MAX_CONVERSATIONS:
+                self._factors.popitem(last=False)

@@ -204,8 +204,9 @@ class Fitter:
     preambles: frozenset[str] = frozenset()  # the tenant's learned ones (store/openings.py)
     claims: list[Reservation] = field(default_factory=list)  # summary jobs to send after the sync
 
-    async def first(self) -> Fit:
-        """The fit at pressure 1.
+    async def first(self, pressure: float = 1.0) -> Fit:
+        """The first attempt's fit, at `pressure` (below 1 when the conversation's overflows
+        showed prefit's estimate of it low: `Corrections`).
 
         Under the trigger the stored prepare sends the transcript as it is, whatever the
         store holds, so then the store is not read on the request's path at all: the
@@ -215,7 +216,7 @@ class Fitter:
             counter = await Preparer(self.svc).counter_for(self.tenant, self.window.model)
         except StoreUnavailable:
             self._degrade()
-            return await self._cheap(1.0)
+            return await self._cheap(pressure)
         policy = self.svc.policies.get(self.window, counter).heading(self.preambles)
         limits = policy.limits(self.window.model)
         tokens = policy.tokens(  # named and frozen as the stored prepare's (api/prepare.py)
@@ -225,11 +226,13 @@ class Fitter:
             conversation=(self.tenant, self.conv_id),
             frozen=True,
         )
-        if tokens <= policy.trigger * limits.budget:
-            report = new_report(limits, policy.trigger, tokens, 1.0, policy.head(self.messages))
+        if tokens <= policy.trigger * limits.budget * pressure:
+            measured = round(tokens / pressure)  # as prepare measures at a pressure
+            head = policy.head(self.messages)
+            report = new_report(limits, policy.trigger, measured, pressure, head)
             report["degraded"] = False
             return Fit(self.messages, report, counter.ratio)
-        return await self.at(1.0)
+        return await self.at(pressure)
 
     async def open(self) -> None:
         """Read what the store holds of the conversation (nothing, without Redis)."""
@@ -549,7 +552,8 @@ class Relay:
             preambles=preambles,
         )
         try:
-            return self._fitted(await self.fitter.first())
+            learned = self.proxy.corrections.pressure(self.caller.tenant, self.conv_id)
+            return self._fitted(await self.fitter.first(learned))
         except DoesNotFit:
             pass
         try:  # the head and recent turns exceed the budget: never forward it over the window
@@ -599,6 +603,9 @@ class Relay:
         report = fit.report
         if overflow.prompt_tokens:  # the error's own count of what was sent: calibrate on it
             self._observe(fit, overflow.prompt_tokens)
+            self.proxy.corrections.overflowed(
+                self.caller.tenant, self.conv_id or "", overflow.prompt_tokens, _raw(fit)
+            )
         pressure = next_pressure(
             float(report["pressure"]),
             overflow,
@@ -689,7 +696,7 @@ class Relay:
         if fit is not None and upstream.status_code < 300:
             tokens = self.dialect.prompt_tokens(answer)
             if tokens:
-                self._observe(fit, tokens)
+                self._counted(fit, tokens)
         self._settle()
         return Response(
             content,
@@ -745,8 +752,16 @@ class Relay:
     def _observe(self, fit: Fit, tokens: int) -> None:
         self.background.add_task(self._calibrate, fit, tokens)
 
+    def _counted(self, fit: Fit, tokens: int) -> None:
+        """An answer's prompt count: calibration, and the conversation's correction."""
+        self.proxy.corrections.counted(self.caller.tenant, self.conv_id or "", tokens, _raw(fit))
+        self._observe(fit, tokens)
+
     async def _observe_stream(self, fit: Fit, tap: Tap) -> None:
         if tap.prompt_tokens:
+            self.proxy.corrections.counted(
+                self.caller.tenant, self.conv_id or "", tap.prompt_tokens, _raw(fit)
+            )
             await self._calibrate(fit, tap.prompt_tokens)
 
     async def _calibrate(self, fit: Fit, tokens: int) -> None:

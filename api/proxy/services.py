@@ -20,7 +20,7 @@ from api.proxy.dialects.anthropic import AnthropicDialect
 from api.proxy.dialects.gemini import GeminiDialect
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.dialects.responses import ResponsesDialect
-from api.proxy.overflow import LearnedWindows
+from api.proxy.overflow import Corrections, LearnedWindows
 from api.proxy.upstream import UpstreamClients
 from shared.settings import Settings
 from shared.store.ownership import Ownership
@@ -30,7 +30,8 @@ MB = 1024 * 1024
 
 @dataclass(frozen=True)
 class ProxyServices:
-    """The proxy's dialects, upstream clients, learned windows and resent bodies."""
+    """The proxy's dialects, upstream clients, learned windows and corrections, and resent
+    bodies."""
 
     openai: OpenAIDialect
     anthropic: AnthropicDialect
@@ -38,6 +39,7 @@ class ProxyServices:
     gemini: GeminiDialect
     clients: UpstreamClients
     learned: LearnedWindows  # the windows of unconfigured models, learned from overflows
+    corrections: Corrections  # how much denser each conversation is than estimated
     bodies: ResentBodies  # bodies resent turn after turn, parsed from what is new
     owned: Ownership  # the provider-stored objects each tenant created (responses)
 
@@ -51,6 +53,7 @@ class ProxyServices:
             gemini=GeminiDialect(settings),
             clients=UpstreamClients(settings),
             learned=LearnedWindows(),
+            corrections=Corrections(),
             bodies=ResentBodies(max_bytes=settings.proxy_body_cache_mb * MB),
             owned=Ownership(max_ids=settings.proxy_owned_ids_max),
         )

@@ -8,7 +8,8 @@ run a callback that beats); a loop that has not beaten for `stall_s` is stuck (b
 waiting for a broker that does not come back), and the process logs `watchdog.stalled` and
 exits with `STALLED_EXIT`, so its supervisor (Docker's restart policy, `prefit up`) starts it
 again. While every loop beats, the thread rewrites the heartbeat file with the process's pid
-and the time (epoch seconds) after which it is to be taken as stuck.
+and the time (epoch seconds) after which it is to be taken as stuck (and its start time, so an
+earlier run's file never names a process of this one).
 
 A process stopped whole (SIGSTOP, a debugger, a frozen VM page) runs no thread at all: it
 neither beats nor exits. Its heartbeat file then ages past that deadline, and a check from
@@ -33,6 +34,16 @@ log = get_logger(__name__)
 STALLED_EXIT = 70  # EX_SOFTWARE: the process gave up on itself
 # A poke: run this callback on your loop when you can (a loop that runs calls it soon).
 Poke = Callable[[Callable[[], None]], object]
+
+
+def process_start(pid: int | str = "self") -> str:
+    """Field 22 of /proc/<pid>/stat (start time, in clock ticks after boot); "0" without /proc.
+    The fields are counted after the command's closing parenthesis (a name may hold spaces)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "0"
+    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def forget_heartbeat(path: Path | None) -> None:
@@ -143,10 +154,13 @@ class Watchdog:
         return time.time() + (until - now) + self.interval_s
 
     def _write(self, now: float) -> None:
-        """`<pid> <deadline>` into the heartbeat file, whole (a reader never sees half)."""
+        """`<pid> <deadline> <start>` into the heartbeat file, whole (a reader never sees
+        half). `start` is the process's start time as /proc/<pid>/stat says it: a restarted
+        container reuses pids (its app is pid 7 again), so the check kills `pid` only while it
+        is still the process that wrote the line."""
         if self.heartbeat_file is None:
             return
-        line = f"{os.getpid()} {int(self._deadline(now)) + 1}\n"
+        line = f"{os.getpid()} {int(self._deadline(now)) + 1} {process_start()}\n"
         target = self.heartbeat_file
         try:
             fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")

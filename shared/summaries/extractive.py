@@ -10,7 +10,12 @@ that was not written by this summarizer):
 - Actions: each assistant message's first line and each tool call as `name(args-abridged)`;
 - Files: paths mentioned by the user, the assistant, tool-call arguments and error lines
   (not whole tool outputs: a `find` or `ls -R` lists many files nobody touched);
-- Errors/open items: error lines of tool outputs and non-zero return codes.
+- Errors/open items: error lines of tool outputs and non-zero return codes;
+- Current state/next step: the last line of the range's last assistant text (where it left
+  off: agents end a step with what they will do next), only the latest.
+
+The artifact index (shared/summaries/artifacts.py) is kept and shown after these sections by
+`build_record`, not here.
 
 Folding: the previous summary's items come first, the new range's after; an item seen
 again moves to its latest place. Size: at most `max_tokens x 4` characters (4 characters
@@ -38,7 +43,8 @@ from shared.summaries.llm import Completion
 CHARS_PER_TOKEN = 4
 EARLIER, TASK, ACTIONS, FILES = "Earlier", "Task/requests", "Actions", "Files"
 ERRORS = "Errors/open items"
-ORDER = (EARLIER, TASK, ACTIONS, FILES, ERRORS)
+STATE = "Current state/next step"
+ORDER = (EARLIER, TASK, ACTIONS, FILES, ERRORS, STATE)
 EMPTY = "(nothing notable in this part of the conversation)"
 MAX_PATHS_PER_MESSAGE = 20
 MAX_ERRORS_PER_OUTPUT = 3
@@ -108,6 +114,9 @@ class ExtractiveSummarizer:
         notes = _Notes.parse(previous) if previous else _Notes()
         for section, item in self._items(messages):
             notes.add(section, item)
+        state = _state(messages, self.max_chars)
+        if state:  # only the latest: an earlier state is history, kept under Actions
+            notes.items[STATE] = {state: None}
         text = notes.render(max_tokens * CHARS_PER_TOKEN)
         return Completion(text, 0, math.ceil(len(text) / CHARS_PER_TOKEN), 0.0, None)
 
@@ -221,6 +230,17 @@ class _Notes:
             sizes[TASK] = _section_size(TASK, chars[TASK], omitted[TASK])
         blocks = [_render(s, survive[s], omitted[s]) for s in ORDER if sizes[s]]
         return ("\n".join(blocks) if blocks else EMPTY)[:budget]
+
+
+def _state(messages: Sequence[Message], limit: int) -> str:
+    """Where the range leaves off: the last line of its last assistant text (agents end a
+    step with what they will do next)."""
+    for m in reversed(messages):
+        if m.get("role") == "assistant":
+            lines = [ln.strip() for ln in text_of(m).splitlines() if ln.strip()]
+            if lines:
+                return _abridge(_squash(lines[-1]), limit)
+    return ""
 
 
 def _loser(left: dict[str, int], sizes: dict[str, int], budget: int) -> str | None:

@@ -150,9 +150,13 @@ def test_an_unsent_job_that_fails_here_is_kept_for_the_broker(
         failed.set_exception(LLMError("HTTP 401"))
         return failed
 
-    reaper = Reaper(make_app(down), store, down.summary_queue, 60.0, runner=failing)
-    (kept,) = store.unsent.due(down.summary_queue, 10)
-    assert reaper.run_here([kept]) == 1
-    assert store.unsent.count(down.summary_queue) == 1  # kept again
-    (again,) = store.unsent.due(down.summary_queue, 10)
-    assert reaper.run_here([again]) == 0 and len(ran) == 1
+    app = make_app(down)
+    try:
+        reaper = Reaper(app, store, down.summary_queue, 60.0, runner=failing)
+        (kept,) = store.unsent.due(down.summary_queue, 10)
+        assert reaper.run_here([kept]) == 1
+        assert store.unsent.count(down.summary_queue) == 1  # kept again
+        (again,) = store.unsent.due(down.summary_queue, 10)
+        assert reaper.run_here([again]) == 0 and len(ran) == 1
+    finally:
+        app.close()

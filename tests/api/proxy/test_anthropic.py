@@ -173,7 +173,8 @@ def test_count_tokens_of_an_unknown_model_goes_as_it_is(proxy: Proxy) -> None:
 
 def test_a_tool_call_left_unanswered_midway_is_forwarded_not_refused(proxy: Proxy) -> None:
     """A tool_use answered by plain text (prefit's check refuses it, after conversion) sends
-    the request as it came, naming the Anthropic message; prefit answers no 400 itself."""
+    the request as it came, naming the Anthropic message; prefit answers no 400 itself: the
+    provider's own 400 comes back, as Anthropic refuses it."""
     system, messages = to_anthropic(agent_session(40))
     use = {"type": "tool_use", "id": "toolu_x", "name": "bash", "input": {}}
     messages[1:1] = [{"role": "assistant", "content": [use]}, {"role": "user", "content": "go"}]
@@ -182,7 +183,10 @@ def test_a_tool_call_left_unanswered_midway_is_forwarded_not_refused(proxy: Prox
         headers={"x-api-key": proxy.key},
         json={"model": proxy.model, "max_tokens": 10, "system": system, "messages": messages},
     )
-    assert r.status_code == 200, r.text
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(
+        "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after"
+    )
     assert r.headers["x-prefit-fit"] == "skipped (invalid transcript at message 2)"
     assert proxy.fake.received[0].body["messages"] == messages
 

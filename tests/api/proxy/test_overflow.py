@@ -3,19 +3,32 @@ the figures of each overflow wording, the retry's pressure, and windows learned.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import anthropic
 import openai
 import pytest
 
 from api.proxy.dialects.anthropic import anthropic_figures
 from api.proxy.dialects.openai import OpenAIDialect, openai_figures
-from api.proxy.overflow import FLOOR, SHRINK, STEP, LearnedWindows, Overflow, next_pressure
+from api.proxy.overflow import (
+    FLOOR,
+    SHRINK,
+    STEP,
+    Corrections,
+    LearnedWindows,
+    Overflow,
+    next_pressure,
+)
+from shared.counting.calibration import SETTLE_AFTER
+from shared.counting.counters import HeuristicCounter
 from shared.formats import to_anthropic
-from shared.messages import validate
+from shared.messages import Message, validate
 from shared.settings import Settings
-from tests.api.conftest import WINDOW
-from tests.api.proxy.conftest import Proxy, agent_session, wait_for
-from tests.builders import chat, user
+from tests.api.conftest import WINDOW, Recorder
+from tests.api.proxy.conftest import TASK, Proxy, agent_session, serving, wait_for
+from tests.builders import assistant, chat, user
 from tests.fakeprovider import WORDS, FakeProvider, Reply
 
 SCALE = 1.5
@@ -199,3 +212,70 @@ def test_a_learned_window_is_the_tenants_own() -> None:
     assert learned.get("bob", "m-x") is None
     assert LearnedWindows().get("alice", "m-x") is None
     assert learned.learn("alice", "m-y", Overflow(prompt_tokens=9_000), 1_024) is None
+
+
+# --- what a conversation's overflows teach (issue 23, item 4) -----------------------------
+
+DENSITY = 1.4
+DENSE = "DENSE"  # marks the conversation the provider counts 1.4x what prefit estimates
+
+
+class Denser:
+    """A provider's count: prefit's heuristic, 1.4x for the conversation marked DENSE."""
+
+    def count(self, messages: list[Any], tools: list[Any]) -> float:
+        base = HeuristicCounter().count(messages, tools)
+        return base * DENSITY if DENSE in json.dumps(messages) else base
+
+
+def dense_session(turn: int) -> list[Message]:
+    """A transcript under prefit's trigger (sent as it is) that the provider counts over the
+    window, grown by one exchange per turn."""
+    messages = agent_session(40)
+    messages[1] = user(f"{TASK} {DENSE}")
+    while HeuristicCounter().count(messages) > 14_800:
+        messages = messages[:2] + messages[4:]
+    for k in range(turn):
+        messages += [assistant(f"step {k} done"), user(f"go on with step {k + 1}")]
+    return messages
+
+
+def test_a_conversations_overflow_teaches_its_next_turns(
+    redis_url: str, tenant: str, model: str, recorder: Recorder
+) -> None:
+    """A conversation 1.4x denser than the tenant's settled calibration: its first request
+    overflows once (retried), its next turns go through at the first attempt; a request
+    that names another conversation each time learns nothing and overflows every time."""
+    fake = FakeProvider(limit_tokens=WINDOW, counter=Denser())
+    with serving(redis_url, tenant, model, fake, recorder) as proxy:
+        for _ in range(SETTLE_AFTER):  # the tenant's calibration is settled at 1.0
+            proxy.store.ratios.observe(tenant, model, 1.0)
+        firsts: dict[str, list[int]] = {"same": [], "other": []}
+        for turn in range(3):
+            for kind in firsts:
+                conv = "dense-1" if kind == "same" else f"dense-{kind}-{turn}"
+                seen = len(fake.received)
+                raw = openai_sdk(proxy).chat.completions.with_raw_response.create(
+                    model=model,
+                    messages=dense_session(turn),  # type: ignore[arg-type]
+                    extra_headers={"x-prefit-conversation": conv},
+                )
+                assert raw.parse().choices[0].message.content == "".join(WORDS)
+                firsts[kind].append(fake.received[seen].status)
+    assert firsts == {"same": [400, 200, 200], "other": [400, 400, 400]}
+
+
+def test_corrections_follow_the_providers_counts_per_tenant_and_conversation() -> None:
+    """An overflow sets the conversation's pressure from the figures; the answers' counts
+    keep it current and drop it once the estimate is not low; nothing crosses tenants."""
+    memory = Corrections()
+    assert memory.pressure("t1", "c") == 1.0
+    memory.counted("t1", "c", 14_000, 10_000)  # no overflow yet: nothing to follow
+    assert memory.pressure("t1", "c") == 1.0
+    memory.overflowed("t1", "c", 14_000, 10_000)
+    assert memory.pressure("t1", "c") == pytest.approx(1 / (1.02 * 1.4))
+    assert memory.pressure("t2", "c") == 1.0 and memory.pressure("t1", "d") == 1.0
+    memory.counted("t1", "c", 12_000, 10_000)
+    assert memory.pressure("t1", "c") == pytest.approx(1 / (1.02 * 1.2))
+    memory.counted("t1", "c", 9_900, 10_000)  # calibration caught up
+    assert memory.pressure("t1", "c") == 1.0

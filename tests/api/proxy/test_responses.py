@@ -309,16 +309,16 @@ def test_server_side_state_is_forwarded_unfitted_and_the_header_says_so(proxy: P
 
 
 def test_an_input_prefit_cannot_read_is_forwarded_naming_the_item(proxy: Proxy) -> None:
-    """An output answering no call of the turn before it: the provider judges it; the
-    header names the input item at fault."""
+    """An output answering no call of the turn before it: the provider judges it (its own
+    400 comes back); the header names the input item at fault."""
     items = [*codex_session(3), {"type": "function_call_output", "call_id": "nope", "output": ""}]
-    raw = sdk(proxy).responses.with_raw_response.create(
-        model=proxy.model,
-        input=items,  # type: ignore[arg-type]
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk(proxy).responses.create(model=proxy.model, input=items)  # type: ignore[arg-type]
+    assert refused.value.message.endswith(
+        "No tool call found for function call output with call_id nope."
     )
-    assert (
-        raw.headers["x-prefit-fit"] == f"skipped (invalid transcript at message {len(items) - 1})"
-    )
+    fit = refused.value.response.headers["x-prefit-fit"]
+    assert fit == f"skipped (invalid transcript at message {len(items) - 1})"
     assert proxy.fake.received[0].body["input"] == items
 
 

@@ -1,6 +1,6 @@
 """The watchdog in real processes: a blocked event loop ends its process (exit 70) within
 `stall_s` and an interval; a worker whose broker is gone and stays gone ends itself; while the
-loops beat, the heartbeat file names the pid and a deadline ahead."""
+loops beat, the heartbeat file names the pid, a deadline ahead and the process's start."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shared.commands.redisproc import RedisProcess
-from shared.service.watchdog import STALLED_EXIT, Watchdog
+from shared.service.watchdog import STALLED_EXIT, Watchdog, process_start
 from tests.conftest import ROOT
 from tests.redisbackend import needs_redis_server
 
@@ -71,8 +71,8 @@ def test_the_heartbeat_names_the_pid_and_a_deadline_ahead(tmp_path: Path) -> Non
     dog.watch("consumer")
     now = time.monotonic()
     dog.check(now)
-    pid, deadline = heartbeat.read_text().split()
-    assert int(pid) == os.getpid()
+    pid, deadline, start = heartbeat.read_text().split()
+    assert int(pid) == os.getpid() and start == process_start(os.getpid()) != "0"
     assert time.time() + 10.0 <= int(deadline) <= time.time() + 10.0 + 1.0 + 2
     assert dog.stalled(now + 9.9) == [] and dog.stalled(now + 10.1) == ["consumer"]
     dog.rest(60.0)

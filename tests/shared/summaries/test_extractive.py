@@ -365,3 +365,16 @@ def test_real_transcript_is_deterministic() -> None:
     messages = load_transcript(path)["messages"][1:]
     first = summarize(None, messages, max_tokens=1200)
     assert summarize(None, messages, max_tokens=1200) == first
+
+
+def test_current_state_is_where_the_range_left_off_and_only_the_latest() -> None:
+    """The last line of the last assistant text is the current state; a later range's
+    replaces it when folded."""
+    first = summarize(None, AGENT_RUN)
+    assert section(first, "Current state/next step") == [
+        "I will guard the empty case in `src/parser/core.py`."
+    ]
+    later = [{"role": "assistant", "content": "Done.\nNext: run the whole suite."}]
+    assert section(summarize(first, later), "Current state/next step") == [
+        "Next: run the whole suite."
+    ]
