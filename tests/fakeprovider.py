@@ -1082,6 +1082,13 @@ def _gemini_prompt(content: Any) -> bool:
     )
 
 
+def gemini_overflow(tokens: int, limit: int) -> str:
+    """Gemini's overflow message (google-gemini/gemini-cli#4118, #6678)."""
+    return (
+        f"The input token count ({tokens}) exceeds the maximum number of tokens allowed ({limit})."
+    )
+
+
 def gemini_error(status: int, message: str) -> dict[str, Any]:
     kinds = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}
     return {"error": {"code": status, "message": message, "status": kinds.get(status, "INTERNAL")}}
@@ -1135,6 +1142,8 @@ class FakeGemini:
             return 403, GEMINI_KEY_MISSING
         if verb not in ("generateContent", "streamGenerateContent", "countTokens"):
             return 404, f"Method not found: {verb}"
+        if reply is not None and reply.overflow:
+            return 400, gemini_overflow(tokens, reply.limit)
         if reply is not None and reply.status >= 300:
             return reply.status, "scripted failure"
         inner = body.get("generateContentRequest")
@@ -1143,10 +1152,7 @@ class FakeGemini:
             return 400, fault
         limit = self.fake.limit_tokens
         if limit is not None and tokens > limit and verb != "countTokens":
-            return 400, (
-                f"The input token count ({tokens}) exceeds the maximum number of tokens "
-                f"allowed ({limit})."
-            )
+            return 400, gemini_overflow(tokens, limit)
         return None
 
     def _parts(self, reply: Reply | None) -> list[dict[str, Any]]:

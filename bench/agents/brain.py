@@ -4,8 +4,14 @@
         [--turns 40] [--output-kb 24] [--output-style hex|text]
 
 Speaks OpenAI Chat Completions (`POST /v1/chat/completions`), the OpenAI Responses API
-(`POST /v1/responses`) and Anthropic Messages (`POST /v1/messages`, `/v1/messages/count_tokens`),
-streamed (SSE events as each provider sends them) and not, plus `GET /v1/models`.
+(`POST /v1/responses`), Anthropic Messages (`POST /v1/messages`, `/v1/messages/count_tokens`)
+and the Gemini API (`POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent`,
+`:countTokens`), streamed (SSE events as each provider sends them) and not, plus
+`GET /v1/models`. Gemini's prompt is refused over the window with its own 400
+(`The input token count (N) exceeds the maximum number of tokens allowed (M).`); every
+function call it makes carries a thought signature, and a request whose current step lost
+one, or carries one it never issued, or whose function responses do not pair with their
+call turn, is refused as Gemini 3 refuses it (`gemini_signature_error`).
 
 The window: a request whose prompt plus the reply it allows (`max_tokens`,
 `max_completion_tokens`, `max_output_tokens`) exceeds `--window` is refused with that
@@ -57,7 +63,9 @@ from shared.counting.encodings import load_encoding
 
 MARKER = re.compile(r"TASK-MARKER-([0-9a-z]+)")
 TURN = re.compile(r"AGENTRUN sid=([0-9a-z]+) turn=(\d+)")
-SHELL_TOOLS = ("Bash", "bash", "shell", "shell_command", "exec_command", "local_shell")
+SHELL_TOOLS = (
+    "Bash", "bash", "shell", "shell_command", "exec_command", "local_shell", "run_shell_command",
+)  # fmt: skip
 SKIP_KEYS = frozenset(
     {"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "status", "signature"}
 )
@@ -167,7 +175,12 @@ class Ask:
             name = spec.get("name") or (
                 tool.get("type") if tool.get("type") == "local_shell" else None
             )
-            schema = spec.get("parameters") or spec.get("input_schema") or {}
+            schema = (
+                spec.get("parameters")
+                or spec.get("parametersJsonSchema")  # Gemini CLI's declarations
+                or spec.get("input_schema")
+                or {}
+            )
             if isinstance(name, str):
                 offered[name] = schema if isinstance(schema, dict) else {}
         for name in SHELL_TOOLS:
@@ -188,8 +201,9 @@ class Ask:
     def last_user_text(self) -> str:
         """The text of the transcript's last item when it is a user message, else ''."""
         last = self.items[-1] if self.items else None
-        if isinstance(last, dict) and last.get("role") == "user":
-            return json.dumps(last.get("content"), ensure_ascii=False)
+        if isinstance(last, dict) and last.get("role", "user") == "user":
+            content = last.get("content", last.get("parts"))  # Gemini's: parts
+            return json.dumps(content, ensure_ascii=False)
         return ""
 
 
@@ -229,6 +243,26 @@ def read_anthropic(body: dict[str, Any]) -> Ask:
         list(body.get("tools") or []),
         int(body.get("max_tokens") or 0),
         bool(body.get("stream")),
+    )
+
+
+def read_gemini(body: dict[str, Any]) -> Ask:
+    """A Gemini API request: `contents`, `systemInstruction`, the function declarations."""
+    config = body.get("generationConfig") or {}
+    tools = [
+        decl
+        for tool in body.get("tools") or []
+        if isinstance(tool, dict)
+        for decl in tool.get("functionDeclarations") or []
+    ]
+    return Ask(
+        "gemini",
+        body,
+        list(body.get("contents") or []),
+        body.get("systemInstruction"),
+        tools,
+        int(config.get("maxOutputTokens") or 0),
+        False,  # the path says: set by the handler
     )
 
 
@@ -348,6 +382,114 @@ def overflow_error(ask: Ask, prompt: int, window: int) -> dict[str, Any]:
             "code": "context_length_exceeded",
         }
     }
+
+
+def gemini_signature_error(ask: Ask, issued: set[str]) -> str | None:
+    """Gemini 3's refusal of a function call whose thought signature is gone (in the current
+    step: since the person's last prompt) or altered (ai.google.dev/gemini-api/docs/
+    thought-signatures; the wording as clients report it, e.g. chatboxai/chatbox#3308), and
+    of function responses that do not pair with the call turn before them."""
+    last_prompt = 0
+    calls = 0
+    for n, content in enumerate(ask.items):
+        parts = content.get("parts") if isinstance(content, dict) else None
+        parts = parts if isinstance(parts, list) else []
+        answered = sum(1 for p in parts if isinstance(p, dict) and "functionResponse" in p)
+        if answered != calls:
+            return (
+                "Please ensure that the number of function response parts is equal to the "
+                "number of function call parts of the function call turn."
+            )
+        fn = [p for p in parts if isinstance(p, dict) and "functionCall" in p]
+        calls = len(fn) if content.get("role") == "model" else 0
+        if content.get("role", "user") == "user" and not answered:
+            last_prompt = n
+        for p in fn:
+            sig = p.get("thoughtSignature")
+            if sig is not None and sig not in issued:
+                return "Corrupted thought signature."
+    for n, content in enumerate(ask.items[last_prompt:], start=last_prompt):
+        fn = [p for p in content.get("parts") or [] if isinstance(p, dict) and "functionCall" in p]
+        if fn and "thoughtSignature" not in fn[0]:
+            name = fn[0]["functionCall"].get("name")
+            return (
+                "Function call is missing a thought_signature in functionCall parts. This is "
+                "required for tools to work correctly, and missing thought_signature may lead "
+                f"to degraded model performance. Additional data, function call "
+                f"`default_api:{name}` , position {n + 1}. Please refer to "
+                "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
+            )
+    return None
+
+
+def gemini_json(schema: Any) -> Any:
+    """A value of `schema` (Gemini CLI's side calls ask for JSON: who speaks next, which
+    model to route to, whether it loops): enums take their first value, but the next
+    speaker is the person, so the session ends when the model says it is done."""
+    if not isinstance(schema, dict):
+        return {}
+    kind = str(schema.get("type", "object")).lower()
+    if schema.get("enum"):
+        values = list(schema["enum"])
+        return "user" if "user" in values else values[0]
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {k: gemini_json(v) for k, v in props.items()}
+    if kind == "array":
+        return []
+    if kind in ("integer", "number"):
+        return 0
+    if kind == "boolean":
+        return False
+    return "fine"
+
+
+def gemini_answer(
+    ask: Ask, answer: Answer, prompt: int, model: str, signature: str | None
+) -> Response:
+    """generateContent's answer (or streamGenerateContent's `data:` chunks, `usageMetadata` on
+    each), as google-genai reads them: a thought, then the call carrying the signature."""
+    config = ask.body.get("generationConfig") or {}
+    if answer.tool is not None:
+        call = {"name": answer.tool, "args": answer.arguments or {}}
+        parts: list[dict[str, Any]] = [
+            {"text": "Running the next build step.", "thought": True},
+            {"functionCall": call, "thoughtSignature": signature},
+        ]
+    elif config.get("responseMimeType") == "application/json":
+        schema = config.get("responseJsonSchema") or config.get("responseSchema")
+        parts = [{"text": json.dumps(gemini_json(schema))}]
+    else:
+        parts = [{"text": answer.text or ""}]
+
+    def chunk(pieces: list[dict[str, Any]], final: bool) -> dict[str, Any]:
+        candidate: dict[str, Any] = {"content": {"parts": pieces, "role": "model"}, "index": 0}
+        usage = {"promptTokenCount": prompt, "totalTokenCount": prompt + 20}
+        if final:
+            candidate["finishReason"] = "STOP"
+            usage["candidatesTokenCount"] = 20
+        return {
+            "candidates": [candidate],
+            "usageMetadata": usage,
+            "modelVersion": model,
+            "responseId": new_id(""),
+        }
+
+    if not ask.stream:
+        return JSONResponse(chunk(parts, True))
+
+    async def events() -> AsyncIterator[bytes]:
+        for k, part in enumerate(parts):
+            data = json.dumps(chunk([part], k == len(parts) - 1))
+            yield f"data: {data}\r\n\r\n".encode()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def gemini_error_response(status: int, message: str) -> Response:
+    kind = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED"}.get(status, "INTERNAL")
+    error = {"code": status, "message": message, "status": kind}
+    return JSONResponse({"error": error}, status_code=status)
 
 
 def sse(data: dict[str, Any], event: str | None = None) -> bytes:
@@ -783,6 +925,52 @@ class Brain:
         signature = reasoning_item(self.issued)["encrypted_content"] if thinks else None
         return anthropic_answer(ask, answer, prompt, signature if answer.tool else None)
 
+    async def gemini(self, request: Request) -> Response:
+        """`models/{model}:generateContent`, `:streamGenerateContent`, `:countTokens`."""
+        model, _, verb = str(request.path_params["target"]).partition(":")
+        body = await request.json()
+        self.seen += 1
+        if self.dump is not None:
+            (self.dump / f"{self.seen:04d}-gemini.json").write_text(json.dumps(body))
+        ask = read_gemini(body)
+        ask = Ask(**{**ask.__dict__, "stream": verb == "streamGenerateContent"})
+        prompt = round(self.tokens.prompt(ask.items, ask.head, ask.tools) * self.script.token_scale)
+        if verb == "countTokens":
+            self.record(api="gemini", path=request.url.path, kind="count", prompt=prompt)
+            return JSONResponse({"totalTokens": prompt})
+        kind, sid, turn, answer = decide(ask, self.script)
+        over = prompt > self.script.window  # Gemini's input limit stands apart from the output's
+        marker = f"TASK-MARKER-{sid}" if sid else None
+        signed = [
+            p["thoughtSignature"]
+            for c in ask.items
+            if isinstance(c, dict)
+            for p in c.get("parts") or []
+            if isinstance(p, dict) and "thoughtSignature" in p
+        ]
+        self.record(
+            api="gemini", path=request.url.path, model=model, stream=ask.stream, kind=kind,
+            sid=sid, turn=turn, prompt=prompt, allowance=ask.reply_allowance,
+            items=len(ask.items), overflow=over, task=bool(marker and marker in ask.raw),
+            answer="tool" if answer.tool else "text", tool=answer.tool,
+            signatures=len(signed), headers=dict(request.headers) if self.seen < 3 else {},
+            ua=request.headers.get("user-agent", "")[:80],
+        )  # fmt: skip
+        if not (request.headers.get("x-goog-api-key") or request.query_params.get("key")):
+            return gemini_error_response(403, "Method doesn't allow unregistered callers.")
+        if over:
+            message = (
+                f"The input token count ({prompt}) exceeds the maximum number of tokens "
+                f"allowed ({self.script.window})."
+            )
+            return gemini_error_response(400, message)
+        refused = gemini_signature_error(ask, self.issued)
+        if refused is not None:
+            self.record(api="gemini", kind="refused", sid=sid, message=refused)
+            return gemini_error_response(400, refused)
+        signature = reasoning_item(self.issued)["encrypted_content"] if answer.tool else None
+        return gemini_answer(ask, answer, prompt, model, signature)
+
     async def count_tokens(self, request: Request) -> Response:
         ask = read_anthropic(await request.json())
         prompt = self.tokens.prompt(ask.items, ask.head, ask.tools)
@@ -833,6 +1021,8 @@ class Brain:
                 Route("/responses", responses, methods=["POST"]),
                 Route("/v1/messages", messages, methods=["POST"]),
                 Route("/v1/messages/count_tokens", self.count_tokens, methods=["POST"]),
+                Route("/v1beta/models/{target}", self.gemini, methods=["POST"]),
+                Route("/v1/models/{target}", self.gemini, methods=["POST"]),
                 Route("/v1/models", self.models, methods=["GET"]),
                 Route("/models", self.models, methods=["GET"]),
                 Route("/{path:path}", self.other, methods=methods),

@@ -19,6 +19,7 @@ Clients (installed outside the repo, see docs/benchmarks.md "Real agent CLIs"):
   codex-chat  an older Codex that still has wire_api = "chat" (Chat Completions)
   opencode    `opencode run`, an OpenAI-compatible provider (Chat Completions)
   aider       aider's scripting API (bench/agents/aider_session.py) in its own venv
+  gemini      Gemini CLI, `gemini -p --yolo`, the Gemini API via GOOGLE_GEMINI_BASE_URL
   <cli>2      two sessions of that client on different tasks at once (aider2, claude2...)
 
 Per session it prints one line: turns completed of `--turns` (the highest turn whose command
@@ -54,10 +55,14 @@ import redis
 
 from bench.agents.brain import shell_command
 from shared.commands.redisproc import RedisProcess, free_port
+from shared.store.compression import unpack_all
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "agent-model"
-CLIS = ("claude", "codex", "codex-openai", "codex-chat", "opencode", "aider")  # + "2": two at once
+# the models a client calls on its own for side tasks (Gemini CLI: compression, checks),
+# configured as a deployment would, with the brain's window
+SIDE_MODELS = ("gemini-3-flash-preview", "gemini-2.5-flash", "gemini-2.5-flash-lite")
+CLIS = ("claude", "codex", "codex-openai", "codex-chat", "opencode", "aider", "gemini")  # + "2"
 
 
 @dataclass(frozen=True)
@@ -183,9 +188,12 @@ def services(run: Run, args: argparse.Namespace, redis_url: str | None) -> Itera
             env = {
                 **os.environ,
                 "REDIS_URL": redis_url,
-                "PREFIT_MODELS": json.dumps({MODEL: {"max_input_tokens": args.window}}),
+                "PREFIT_MODELS": json.dumps(
+                    {m: {"max_input_tokens": args.window} for m in (MODEL, *SIDE_MODELS)}
+                ),
                 "PREFIT_OPENAI_BASE_URL": f"http://127.0.0.1:{run.brain_port}/v1",
                 "PREFIT_ANTHROPIC_BASE_URL": f"http://127.0.0.1:{run.brain_port}",
+                "PREFIT_GEMINI_BASE_URL": f"http://127.0.0.1:{run.brain_port}",
                 "PREFIT_TIKTOKEN_DIR": str(args.tiktoken_dir),
                 "PREFIT_LOG_LEVEL": "info",
             }
@@ -296,6 +304,30 @@ def opencode_argv(
     return [tools.bin("opencode"), "run", "--model", f"bench/{MODEL}", session.task]
 
 
+def gemini_argv(run: Run, session: Session, tools: Tools, env: dict[str, str]) -> list[str]:
+    """Gemini CLI headless, every tool approved; its settings (in the throwaway HOME) turn
+    usage statistics, telemetry, update checks, the IDE link and folder trust off."""
+    settings = {
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "security": {"auth": {"selectedType": "gemini-api-key"}, "folderTrust": {"enabled": False}},
+        "ide": {"enabled": False},
+        "model": {"name": MODEL, "maxSessionTurns": -1},
+    }
+    config = Path(env["HOME"]) / ".gemini"
+    config.mkdir(parents=True, exist_ok=True)
+    (config / "settings.json").write_text(json.dumps(settings))
+    env.update(
+        GEMINI_API_KEY="x", GOOGLE_GEMINI_BASE_URL=run.base, GEMINI_CLI_NO_RELAUNCH="true",
+        GEMINI_TELEMETRY_ENABLED="false",
+    )  # fmt: skip
+    return [
+        tools.bin("gemini"), "-p", session.task, "-m", MODEL, "--yolo", "--skip-trust",
+        "--output-format", "text",
+    ]  # fmt: skip
+
+
 def aider_argv(run: Run, session: Session, tools: Tools, args: argparse.Namespace,
                env: dict[str, str]) -> list[str]:  # fmt: skip
     env.update(
@@ -328,6 +360,8 @@ def start_session(run: Run, session: Session, tools: Tools, args: argparse.Names
         argv = codex_argv(run, session, old, "chat", env, args.client_window)
     elif cli == "opencode":
         argv = opencode_argv(run, session, tools, env, args.client_window)
+    elif cli == "gemini":
+        argv = gemini_argv(run, session, tools, env)
     else:
         argv = aider_argv(run, session, tools, args, env)
     (session.work / "argv.json").write_text(json.dumps(argv))
@@ -371,7 +405,7 @@ def stored_conversations(redis_url: str, sids: list[str]) -> dict[str, list[int]
     found: dict[str, list[int]] = {sid: [] for sid in sids}
     for key in client.scan_iter(match="prefit:v3:*:msgs", count=1000):
         stored = client.lrange(key, 0, -1)
-        messages = b"".join(stored).decode("utf-8", "replace")
+        messages = b"".join(unpack_all(stored)).decode("utf-8", "replace")
         for sid in sids:
             if f"TASK-MARKER-{sid}" in messages or f"sid={sid} " in messages:
                 found[sid].append(len(stored))
@@ -415,7 +449,8 @@ def summarize(
         finished = any(
             r["turn"] >= turns and not r["overflow"] and r.get("answer") == "text" for r in main
         )
-        overflows = sum(1 for r in mine + side if r.get("overflow"))
+        seen = {id(r): r for r in mine + side}.values()  # a side request of the session is both
+        overflows = sum(1 for r in seen if r.get("overflow"))
         refused = sum(1 for r in mine if r.get("kind") == "refused")
         largest = max((r.get("prompt", 0) for r in mine + side), default=0)
         kept = sum(1 for r in main if r.get("task"))

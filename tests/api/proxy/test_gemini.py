@@ -150,17 +150,23 @@ def test_a_stream_arrives_whole_and_its_last_usage_is_observed(
 def test_an_overflow_is_retried_deeper_and_never_reaches_the_client(
     proxy: Proxy, sdk: genai.Client
 ) -> None:
-    """The provider counts five times what prefit estimates: its 400 INVALID_ARGUMENT "input token
-    count (N) exceeds the maximum (M)" is retried smaller, and the client sees the 200."""
-    proxy.fake.scale = 5.0  # the fit clears old outputs to a fifth of the window or so
-    contents = cli_session(40)
+    """The provider counts twice what prefit estimates and refuses the fitted prompt with its
+    400 INVALID_ARGUMENT "input token count (N) exceeds the maximum (M)": prefit fits again
+    deeper, sends a smaller prompt, and the client sees only the 200."""
+    proxy.fake.scale = 2.0  # the provider counts twice what prefit estimates
+    contents = cli_session(20, output_chars=10_000)  # recent outputs the fit keeps are long
     answer = sdk.models.generate_content(model=proxy.model, contents=contents, config=config())
     assert answer.text == "".join(WORDS)
-    statuses = [r.status for r in proxy.fake.received]
-    assert statuses[0] == 400 and statuses[-1] == 200
+    refused, sent = proxy.fake.received[-2:]
+    assert (refused.status, sent.status) == (400, 200)
+    assert gemini_tokens(sent.body) < gemini_tokens(refused.body)
     headers = answer.sdk_http_response.headers or {} if answer.sdk_http_response else {}
-    assert headers["x-prefit-retries"] == str(len(statuses) - 1)
-    assert_fitted_faithfully(proxy, proxy.fake.received[-1].body, contents)
+    assert headers["x-prefit-retries"] == "1"
+    kept = sent.body["contents"]  # deep enough that the latest output itself is shortened
+    assert kept[0] == contents[0] and kept[-2] == contents[-2]  # the task; the signed call
+    assert all(c in contents for c in kept if c["role"] == "model")
+    latest = kept[-1]["parts"][0]["functionResponse"]["response"]["output"]
+    assert latest.startswith("src/cache.py:19: lookup miss")
 
 
 def test_count_tokens_counts_the_contents_prefit_would_send(

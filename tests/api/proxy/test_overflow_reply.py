@@ -3,6 +3,7 @@ and one no fit leaves room for has its reply lowered."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -270,3 +271,23 @@ def test_a_lowered_reply_lowers_every_reply_field_over_it() -> None:
         "thinking": {"type": "enabled", "budget_tokens": 2_000},
     }
     assert body["max_tokens"] == 9_000  # the client's body is not changed in place
+
+
+def test_a_retry_never_raises_the_reply_and_fits_prompt_and_reply(wide: Proxy) -> None:
+    """A provider counting 1.25x prefit's estimate refuses prompt + the lowered reply ("input
+    length and `max_tokens` exceed context limit"); the retry sends a smaller prompt with a
+    reply no larger than the first attempt's, and the client gets the answer."""
+    wide.fake.scale = 1.25
+    system, messages = claude_code_session(head_chars=95_000)
+    raw = send_wide(wide, system, messages, extra_body={"max_tokens": 64_000})
+    assert raw.parse().content[0].text  # type: ignore[union-attr]
+    sent = [int(r.body["max_tokens"]) for r in wide.fake.received]
+    first = wide.fake.received[0]
+    assert first.status == 400 and "input length and `max_tokens` exceed" in first.error
+    assert wide.fake.received[-1].status == 200 and len(sent) == 1 + int(
+        raw.headers["x-prefit-retries"]
+    )
+    assert all(later <= earlier for earlier, later in itertools.pairwise(sent))
+    last = wide.fake.received[-1]
+    assert prompt_tokens("anthropic", last.body, 1.25) + sent[-1] <= WIDE
+    assert raw.headers["x-prefit-max-tokens"] == f"lowered 64000 -> {sent[-1]}"
