@@ -3,16 +3,18 @@ would refuse of the prompts prefit makes, and whether the person's latest reques
 
 The real transcripts carry no thinking blocks, so each gets them the way extended thinking
 writes them: a thinking block at the start of the first assistant message after every
-request of the person (`is_request`), the loop's later steps without one (interleaved
-thinking off: the case of issue 23), and Claude Code's `<system-reminder>` after the tool
-results of every third step, the step after it thinking again (a user turn that is not
-only tool results opens a turn, to the strict fake provider). Those that have an Anthropic
-form (`to_anthropic`) are read back as the Anthropic dialect reads them, prepared after
-every turn group at 8k, 16k and 32k windows with the default strategies, and each prompt
-is sent to Anthropic's rule (tests/shared/invariants.py, `thinking_refusal`: every
-assistant message after a user message that is not only tool results starts with its
-thinking block). Long synthetic sessions (tests/shared/generated.py, `thinking_sessions`,
-fixed seeds) are replayed the same way.
+user message (a request of the person, or another user turn), the loop's later steps
+without one (interleaved thinking off: the case of issue 23), and Claude Code's
+`<system-reminder>` after the tool results of every third step, the step after it
+thinking again (a user turn that is not only tool results opens a turn, to the strict
+fake provider). Those that have an Anthropic form (`to_anthropic`) are read back as the
+Anthropic dialect reads them, prepared after every turn group at 8k, 16k and 32k windows
+with the default strategies, and each prompt is sent to Anthropic's rule
+(tests/shared/invariants.py, `thinking_refusal`: every assistant message after a user
+message that is not only tool results starts with its thinking block); a prefix the rule
+refuses as the client sent it is counted apart (`refused as sent`). Long synthetic
+sessions (tests/shared/generated.py, `thinking_sessions`, fixed seeds) are replayed the
+same way.
 
 With `--proxy`, the same sessions go through the proxy instead (real uvicorn, a throwaway
 Redis) to tests/fakeprovider.py, strict: one Anthropic Messages request per assistant reply,
@@ -72,7 +74,7 @@ def with_thinking(msgs: Sequence[Message]) -> list[Message] | None:
     out: list[Message] = []
     opened = False
     for m in msgs:
-        if is_request(m):
+        if m.get("role") == "user":  # a request, or any user turn the strict reading counts
             opened = True
         if m.get("role") == "assistant" and opened:
             content = m.get("content")
@@ -112,6 +114,9 @@ async def replay(msgs: list[Message], window: int, every: int, tally: dict[str, 
     for end in ends:
         prefix = msgs[:end]
         tally["prompts"] += 1
+        if thinking_refusal(to_anthropic(prefix)[1]) is not None:
+            tally["refused as sent"] += 1  # the client's own request: not prefit's doing
+            continue
         try:
             out = await policy.prepare(prefix, conversation="bench")
         except DoesNotFit:
@@ -212,6 +217,7 @@ async def main(every: int, sessions: int) -> None:
             tally = dict.fromkeys(
                 (
                     "prompts",
+                    "refused as sent",
                     "cut",
                     "does not fit",
                     "refused by Anthropic",
