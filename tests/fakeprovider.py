@@ -491,23 +491,37 @@ def _responses_output(
     encrypted content when included), then a function call or a message."""
     out: list[dict[str, Any]] = []
     if body.get("reasoning") is not None:
-        reasoning: dict[str, Any] = {"type": "reasoning", "id": "rs_fake", "summary": []}
+        reasoning: dict[str, Any] = {
+            "type": "reasoning",
+            "id": f"rs_{secrets.token_hex(24)}",
+            "summary": [],
+        }
         if "reasoning.encrypted_content" in (body.get("include") or []):
             reasoning["encrypted_content"] = "gAAAAB" + "fakeEncrypted" * 8
         out.append(reasoning)
     if call is not None:
         name, arguments = call
-        item = {"type": "function_call", "id": "fc_fake", "call_id": f"call_{len(text)}"}
+        item = {
+            "type": "function_call",
+            "id": f"fc_{secrets.token_hex(24)}",
+            "call_id": f"call_{len(text)}",
+        }
         out.append({**item, "name": name, "arguments": arguments, "status": "completed"})
         return out
     part = {"type": "output_text", "text": text, "annotations": []}
-    message = {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant"}
+    message = {
+        "type": "message",
+        "id": f"msg_{secrets.token_hex(24)}",
+        "status": "completed",
+        "role": "assistant",
+    }
     out.append({**message, "content": [part]})
     return out
 
 
 def response_id() -> str:
-    """A new response's id, unique as OpenAI's are (`resp_` and 48 hex digits)."""
+    """A new response's id, unique as OpenAI's are (`resp_` and 48 hex digits; its items'
+    ids too: `msg_`, `fc_`, `rs_`)."""
     return f"resp_{secrets.token_hex(24)}"
 
 
@@ -932,7 +946,7 @@ def _openai_events(
 
 def _anthropic_answer(body: Mapping[str, Any], text: str, tokens: int) -> dict[str, Any]:
     return {
-        "id": "msg_fake",
+        "id": f"msg_{secrets.token_hex(24)}",
         "type": "message",
         "role": "assistant",
         "model": body.get("model"),

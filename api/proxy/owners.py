@@ -7,7 +7,9 @@ before any event is passed on), for OpenAI's retention of 30 days
 (shared/store/ownership.py), and answers any other id the provider's own not-found error
 without asking it: retrieve, delete, input items and cancel (`owned_response`, api/proxy/
 routes.py), and a `previous_response_id` in a body (`check_references`: 400, as OpenAI
-answers an unknown one; `POST /v1/responses`, its `input_tokens` and `compact`). A
+answers an unknown one; `POST /v1/responses`, its `input_tokens` and `compact`), and an
+`item_reference` input naming an output item of another's response (the items of each
+response are recorded with it, `ITEMS`). A
 `conversation` names an OpenAI conversation, which only `POST /v1/conversations` makes, and
 prefit does not pass that through: with the deployment's key every one is another's, so it is
 refused the same way. With the client's own provider key the provider keeps accounts apart
@@ -32,7 +34,8 @@ if TYPE_CHECKING:  # it holds the dialects, whose relays import this module
 
 log = get_logger(__name__)
 
-RESPONSES = "responses"  # the kind of owned object (shared/store/keys.py `owned`)
+RESPONSES = "responses"  # the kinds of owned object (shared/store/keys.py `owned`)
+ITEMS = "items"  # a stored response's output items, which `item_reference` inputs name
 RETENTION_S = 30 * 86_400  # OpenAI keeps a stored response 30 days
 
 
@@ -60,6 +63,11 @@ async def check_references(
             client, caller.tenant, RESPONSES, str(previous), RETENTION_S
         ):
             raise InvalidRequest(f"Previous response with id '{str(previous)[:80]}' not found.")
+    references = item_references(body.get("input"))
+    if references and not await proxy.owned.owns_all(
+        svc.increments().client, caller.tenant, ITEMS, references, RETENTION_S
+    ):
+        raise InvalidRequest("Item referenced by an item_reference input was not found.")
     if body.get("conversation") not in (None, ""):
         raise InvalidRequest(
             "conversation not found: prefit's proxy serves no OpenAI conversations "
@@ -67,15 +75,40 @@ async def check_references(
         )
 
 
+def item_references(given: Any) -> list[str]:
+    """The ids an `input` names by `item_reference` (an id not of the provider's form
+    included as it is: it is owned by no one)."""
+    if not isinstance(given, list):
+        return []
+    found = [
+        i.get("id") for i in given if isinstance(i, dict) and i.get("type") == "item_reference"
+    ]
+    return [str(i)[:256] for i in found]
+
+
+def output_ids(response: Any) -> list[str]:
+    """The ids of a Responses `response` object's output items."""
+    output = response.get("output") if isinstance(response, dict) else None
+    if not isinstance(output, list):
+        return []
+    return [i["id"] for i in output if isinstance(i, dict) and isinstance(i.get("id"), str)]
+
+
 async def own_response(
-    svc: Services, proxy: ProxyServices, tenant: str, response_id: str | None
+    svc: Services,
+    proxy: ProxyServices,
+    tenant: str,
+    response_id: str | None,
+    items: list[str] | None = None,
 ) -> None:
-    """Record `response_id` as `tenant`'s (a Redis fault: logged; it stays unreachable)."""
-    if response_id is None or not PROVIDER_ID.fullmatch(response_id):
-        return
+    """Record `response_id` and its output `items` as `tenant`'s (a Redis fault: logged;
+    they stay unreachable)."""
+    client = svc.increments().client
     try:
-        await proxy.owned.record(
-            svc.increments().client, tenant, RESPONSES, response_id, RETENTION_S
-        )
+        if response_id is not None and PROVIDER_ID.fullmatch(response_id):
+            await proxy.owned.record(client, tenant, RESPONSES, response_id, RETENTION_S)
+        kept = [i for i in items or () if PROVIDER_ID.fullmatch(i)]
+        if kept:
+            await proxy.owned.record(client, tenant, ITEMS, kept, RETENTION_S)
     except StoreUnavailable:
         log.warning("proxy.owner_unrecorded", tenant=tenant, kind=RESPONSES)

@@ -421,6 +421,7 @@ class Relay:
     # the preambles `_checked` found in this process's memory, and the ids they give
     guessed: tuple[frozenset[str], tuple[str, ...]] | None = None
     label: str = ""  # x-prefit-fit
+    tap: Tap | None = None  # a streamed answer's, once it streams
     retries: int = 0
     reply_cap: int | None = None  # the reply the last fit lowered the request's to
     headers_out: dict[str, str] = field(default_factory=dict)  # more x-prefit-* of a dialect's
@@ -708,7 +709,7 @@ class Relay:
     def _streamed(
         self, upstream: httpx.Response, fit: Fit | None, opened: OpenedStream
     ) -> Response:
-        tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: sent as it came
+        tap = self.tap = self.dialect.tap(self.strip and fit is not None)  # unfitted: as it came
         if fit is not None:
             self.background.add_task(self._observe_stream, fit, tap)
         self._settle()

@@ -179,7 +179,7 @@ def opening(tenant: str, task_digest: str) -> str:
     return f"{_tenant(tenant)}:opening:{task_digest}"
 
 
-OWNED_KINDS = frozenset({"responses"})  # the provider objects the proxy reaches by id
+OWNED_KINDS = frozenset({"responses", "items"})  # provider objects the proxy reaches by id
 
 
 def owned(tenant: str, kind: str) -> str:

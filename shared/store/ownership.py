@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import redis.asyncio
@@ -37,12 +37,21 @@ class Ownership:
         self.timeout_s = timeout_s
 
     async def record(
-        self, client: AsyncClient, tenant: str, kind: str, object_id: str, retention_s: int
+        self,
+        client: AsyncClient,
+        tenant: str,
+        kind: str,
+        object_id: str | Sequence[str],
+        retention_s: int,
     ) -> None:
-        """`object_id` is the tenant's (`StoreUnavailable` if Redis does not say so)."""
+        """`object_id` (or each of several) is the tenant's (`StoreUnavailable` if Redis
+        does not say so)."""
         key, now = keys.owned(tenant, kind), time.time()
+        ids = [object_id] if isinstance(object_id, str) else list(object_id)
+        if not ids:
+            return
         pipe = client.pipeline(transaction=False)  # one key: one slot, one round trip
-        pipe.zadd(key, {object_id: now})
+        pipe.zadd(key, dict.fromkeys(ids, now))
         pipe.zremrangebyscore(key, "-inf", now - retention_s)
         pipe.zremrangebyrank(key, 0, -self.max_ids - 1)
         pipe.expire(key, retention_s)
@@ -54,6 +63,16 @@ class Ownership:
         """Whether the tenant created `object_id` within the retention."""
         made = await self._run(client.zscore(keys.owned(tenant, kind), object_id))
         return made is not None and float(made) > time.time() - retention_s
+
+    async def owns_all(
+        self, client: AsyncClient, tenant: str, kind: str, ids: Sequence[str], retention_s: int
+    ) -> bool:
+        """Whether the tenant created every one of `ids` within the retention."""
+        if not ids:
+            return True
+        made = await self._run(client.zmscore(keys.owned(tenant, kind), list(ids)))
+        oldest = time.time() - retention_s
+        return all(m is not None and float(m) > oldest for m in made)
 
     async def forget(self, client: AsyncClient, tenant: str, kind: str, object_id: str) -> None:
         """`object_id` is gone (deleted at the provider)."""

@@ -35,7 +35,7 @@ from api.proxy.compaction import HEADER, CompactRelay, expand, server_state, tri
 from api.proxy.dialects import tools_of
 from api.proxy.dialects.openai import OpenAIDialect
 from api.proxy.overflow import Overflow
-from api.proxy.owners import check_references, own_response
+from api.proxy.owners import check_references, output_ids, own_response
 from api.proxy.relay import CountRelay, Fit, Relay
 from api.proxy.streaming import OpenedStream, Tap, data_of, error_event
 from shared.errors import InvalidTranscript
@@ -56,10 +56,12 @@ def input_tokens(usage: Any) -> int | None:
 
 
 class CompletedTap:
-    """Reads the prompt count from the final event's `response.usage`; keeps every event."""
+    """Reads the prompt count from the final event's `response.usage` (and its output
+    items' ids); keeps every event."""
 
     def __init__(self) -> None:
         self.prompt_tokens: int | None = None
+        self.items: list[str] = []  # the final response's output item ids (api/proxy/owners.py)
 
     def keep(self, event: bytes) -> bool:
         if self.prompt_tokens is None and _FINAL.search(event) is not None:
@@ -67,6 +69,7 @@ class CompletedTap:
             response = data.get("response") if isinstance(data, dict) else None
             if isinstance(response, dict):
                 self.prompt_tokens = input_tokens(response.get("usage"))
+                self.items = output_ids(response)
         return True
 
 
@@ -124,18 +127,30 @@ class ResponsesRelay(Relay):
     its own."""
 
     created: str | None = None  # the id of the response the answer created, once read
+    items: list[str] | None = None  # its output items' ids (unstreamed answers)
 
     async def run(self) -> Response:
         if triggered(self.body):  # Codex's compaction turn: answered by prefit (which checks)
             return await CompactRelay.triggered_by(self).run()
         await check_references(self.svc, self.proxy, self.dialect, self.caller, self.body)
         answer = await super().run()
-        await self._own(self.created)
+        await self._own(self.created, self.items)
         return answer
 
-    async def _own(self, response_id: str | None) -> None:
-        self.created = None
-        await own_response(self.svc, self.proxy, self.caller.tenant, response_id)
+    async def _own(self, response_id: str | None, items: list[str] | None = None) -> None:
+        self.created, self.items = None, None
+        await own_response(self.svc, self.proxy, self.caller.tenant, response_id, items)
+
+    def _streamed(
+        self, upstream: httpx.Response, fit: Fit | None, opened: OpenedStream
+    ) -> Response:
+        answer = super()._streamed(upstream, fit, opened)
+        if isinstance(self.tap, CompletedTap):  # its items are known once the stream ended
+            self.background.add_task(self._own_items, self.tap)
+        return answer
+
+    async def _own_items(self, tap: CompletedTap) -> None:
+        await own_response(self.svc, self.proxy, self.caller.tenant, None, tap.items)
 
     def _answered(
         self, upstream: httpx.Response, content: bytes, answer: Any, fit: Fit | None
@@ -143,6 +158,7 @@ class ResponsesRelay(Relay):
         if upstream.status_code < 300 and isinstance(answer, dict):
             found = answer.get("id")
             self.created = found if isinstance(found, str) else None
+            self.items = output_ids(answer)
         return super()._answered(upstream, content, answer, fit)
 
     async def _first_fit(self) -> Fit | None:

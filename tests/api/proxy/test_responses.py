@@ -527,16 +527,25 @@ def test_a_stream_the_upstream_breaks_off_ends_with_an_error_event_both_clients_
 
 def test_stored_responses_belong_to_the_tenant_that_made_them(redis_url: str, model: str) -> None:
     """alice's responses (plain and streamed) are hers: bob's retrieve, delete, input items,
-    cancel and `previous_response_id` of them get OpenAI's not-found errors and never reach
-    the provider; a `conversation` is refused the same way; alice reaches her own."""
+    cancel, `previous_response_id` of them and `item_reference`s to their output items get
+    OpenAI's not-found errors and never reach the provider; a `conversation` is refused the
+    same way; alice reaches her own."""
     fake = FakeProvider()
     with two_tenants(redis_url, model, fake.app) as t:
         alice = openai.OpenAI(base_url=f"{t.url}/v1", api_key=f"key-{t.alice}", max_retries=0)
         bob = openai.OpenAI(base_url=f"{t.url}/v1", api_key=f"key-{t.bob}", max_retries=0)
-        plain = alice.responses.create(model=model, input="hi", store=True).id
+        first = alice.responses.create(model=model, input="hi", store=True)
+        plain, item = first.id, first.output[0].id
         with alice.responses.stream(model=model, input="hi") as events:
-            streamed = events.get_final_response().id
+            final = events.get_final_response()
+        streamed, streamed_item = final.id, final.output[0].id
         made = len(fake.received)
+        for ref in (item, streamed_item):
+            with pytest.raises(openai.BadRequestError, match="item_reference"):
+                bob.responses.create(
+                    model=model,
+                    input=[{"type": "item_reference", "id": ref}],  # type: ignore[list-item]
+                )
         for rid in (plain, streamed):
             calls = (
                 bob.responses.retrieve,
@@ -555,3 +564,13 @@ def test_stored_responses_belong_to_the_tenant_that_made_them(redis_url: str, mo
         assert alice.responses.retrieve(streamed).id == streamed
         follow = alice.responses.create(model=model, input="more", previous_response_id=plain)
         assert alice.responses.retrieve(follow.id).id == follow.id
+        refs: Any = [{"type": "item_reference", "id": r} for r in (item, streamed_item)]
+        wait_for(lambda: _accepted(alice, model, refs))  # a stream's items: once it ended
+
+
+def _accepted(client: openai.OpenAI, model: str, refs: Any) -> bool:
+    try:
+        client.responses.create(model=model, input=refs)
+    except openai.BadRequestError:
+        return False
+    return True

@@ -32,6 +32,20 @@ async def test_an_id_is_its_makers_alone_until_forgotten(redis_url: str, tenant:
         await client.aclose()
 
 
+async def test_several_ids_are_owned_together_or_not_at_all(redis_url: str, tenant: str) -> None:
+    """A response's output items, recorded at once, are owned all together; one stranger
+    among them and the set is not the tenant's."""
+    client = async_store_client(redis_url)
+    owned = Ownership(max_ids=10)
+    try:
+        await owned.record(client, tenant, "items", ["msg_a", "rs_b"], 30 * DAY)
+        assert await owned.owns_all(client, tenant, "items", ["msg_a", "rs_b"], 30 * DAY)
+        assert not await owned.owns_all(client, tenant, "items", ["msg_a", "msg_x"], 30 * DAY)
+        assert await owned.owns_all(client, tenant, "items", [], 30 * DAY)
+    finally:
+        await client.aclose()
+
+
 async def test_the_memory_is_bounded_by_count_and_retention(redis_url: str, tenant: str) -> None:
     """Past `max_ids` the oldest go first; ids past the retention are no one's; the key
     expires with the retention."""
