@@ -54,6 +54,7 @@ class Traffic:
     answers: list[Answer] = field(default_factory=list)
     acknowledged: dict[str, int] = field(default_factory=dict)  # turns answered 200
     landed: dict[str, int] = field(default_factory=dict)  # turns stored (200 or found later)
+    confirmed: int = 0  # 409s whose length shows that an earlier, unanswered try landed
     stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _threads: list[threading.Thread] = field(default_factory=list)
@@ -121,6 +122,7 @@ class Traffic:
                 if actual == 2 * (i + 1):  # an earlier try landed after all
                     with self._lock:
                         self.landed[conv] = i + 1
+                        self.confirmed += 1
                     return True
                 raise AssertionError(f"{conv}: stored length {actual}, expected {2 * i}")
             time.sleep(0.05)
