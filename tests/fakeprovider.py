@@ -1074,15 +1074,19 @@ def gemini_fault(model: str, contents: Any) -> str | None:
     for n, content in enumerate(contents[step:], start=step):
         fn = [p for p in content.get("parts", []) if "functionCall" in p]
         if fn and "thoughtSignature" not in fn[0]:
-            name = fn[0]["functionCall"].get("name")
-            return (
-                "Function call is missing a thought_signature in functionCall parts. This is "
-                "required for tools to work correctly, and missing thought_signature may lead "
-                f"to degraded model performance. Additional data, function call "
-                f"`default_api:{name}` , position {n + 1}. Please refer to "
-                "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
-            )
+            return missing_signature(fn[0]["functionCall"].get("name"), n)
     return None
+
+
+def missing_signature(name: Any, n: int) -> str:
+    """Gemini 3's refusal of content `n`'s function call `name` sent without its signature."""
+    return (
+        "Function call is missing a thought_signature in functionCall parts. This is "
+        "required for tools to work correctly, and missing thought_signature may lead "
+        f"to degraded model performance. Additional data, function call "
+        f"`default_api:{name}` , position {n + 1}. Please refer to "
+        "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
+    )
 
 
 def _gemini_prompt(content: Any) -> bool:

@@ -60,6 +60,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from shared.counting.encodings import load_encoding
+from tests.fakeprovider import missing_signature
 
 MARKER = re.compile(r"TASK-MARKER-([0-9a-z]+)")
 TURN = re.compile(r"AGENTRUN sid=([0-9a-z]+) turn=(\d+)")
@@ -411,14 +412,7 @@ def gemini_signature_error(ask: Ask, issued: set[str]) -> str | None:
     for n, content in enumerate(ask.items[last_prompt:], start=last_prompt):
         fn = [p for p in content.get("parts") or [] if isinstance(p, dict) and "functionCall" in p]
         if fn and "thoughtSignature" not in fn[0]:
-            name = fn[0]["functionCall"].get("name")
-            return (
-                "Function call is missing a thought_signature in functionCall parts. This is "
-                "required for tools to work correctly, and missing thought_signature may lead "
-                f"to degraded model performance. Additional data, function call "
-                f"`default_api:{name}` , position {n + 1}. Please refer to "
-                "https://ai.google.dev/gemini-api/docs/thought-signatures for more details."
-            )
+            return missing_signature(fn[0]["functionCall"].get("name"), n)
     return None
 
 
