@@ -24,6 +24,7 @@ from typing import Any
 from shared.errors import InvalidTranscript
 from shared.head import handed_over
 from shared.messages import HEAD_ROLES, Message, text_of
+from shared.summaries.extractive import TAG, abridge, squash
 
 FILE, COMMAND, ERROR, ID, URL, NAME, REQUEST = (
     "file", "command", "error", "id", "url", "name", "request",
@@ -74,7 +75,6 @@ _RETURN = re.compile(
 )
 _TRACE = re.compile(r'File "([^"\n]{1,200})", line (\d+)')
 _WHERE = re.compile(r"\b([\w./-]+\.\w{1,5}):(\d+)\b")
-_TAG = re.compile(r"<!--.*?-->|</?[A-Za-z_][\w-]{0,40}\s*/?>", re.S)
 _READS = re.compile(r"^\s*(?:cat|head|tail|less|more|nl|wc|grep|rg|sed\s+-n|awk|diff|view)\b")
 _WRITES = re.compile(
     r"(?:^|\s)(?:sed\s+-i|tee|cp|mv|touch|mkdir|rm|patch|git\s+apply)\b|[^2]>>?\s*[\w./~-]"
@@ -244,7 +244,7 @@ def _mentions(messages: Sequence[Message], offset: int) -> Iterator[tuple[int, s
             yield from _output(at, text, *call)
             continue
         if role == "user" and text.strip() and not handed_over(messages, i):
-            yield at, REQUEST, _abridge(_squash(_TAG.sub(" ", text)), MAX_REQUEST_CHARS), ""
+            yield at, REQUEST, abridge(squash(TAG.sub(" ", text)), MAX_REQUEST_CHARS), ""
         if role in HEAD_ROLES:
             continue
         yield from _named(at, text, "")
@@ -285,7 +285,7 @@ def _call(call: Mapping[str, Any]) -> tuple[str, str]:
         how = "read"
     elif _LISTS.match(command):
         how = "listed"
-    return _abridge(_squash(command), MAX_VALUE_CHARS), how
+    return abridge(squash(command), MAX_VALUE_CHARS), how
 
 
 def _output(at: int, text: str, command: str, how: str) -> Iterator[tuple[int, str, str, str]]:
@@ -327,7 +327,7 @@ def _errors(at: int, text: str) -> Iterator[tuple[int, str, str, str]]:
         if error and error.start() <= 4 + len(line) - len(line.lstrip()):
             place = _WHERE.search(line)
             note = f"at {where}" if where else (f"at {place.group(0)}" if place else "")
-            yield at, ERROR, _abridge(_squash(line), MAX_VALUE_CHARS), note
+            yield at, ERROR, abridge(squash(line), MAX_VALUE_CHARS), note
 
 
 def _named(at: int, text: str, how: str) -> Iterator[tuple[int, str, str, str]]:
@@ -363,11 +363,3 @@ def _is_path(path: str) -> bool:
         return _PATH.fullmatch(path) is not None
     rooted = path.startswith(("/", "./", "../", "~/"))
     return rooted or re.search(r"\.[A-Za-z]\w{0,7}$", path) is not None or path.count("/") >= 2
-
-
-def _squash(text: str) -> str:
-    return " ".join(text.split())
-
-
-def _abridge(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"

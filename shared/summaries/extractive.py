@@ -53,7 +53,7 @@ REQUESTS_SHARE = 0.6
 
 _HEADER = re.compile(r"^(" + "|".join(re.escape(s) for s in ORDER) + r"):$")
 _OMITTED = re.compile(r"^- \((\d+) earlier items? omitted\)$")
-_TAG = re.compile(r"<!--.*?-->|</?[A-Za-z_][\w-]{0,40}\s*/?>", re.S)
+TAG = re.compile(r"<!--.*?-->|</?[A-Za-z_][\w-]{0,40}\s*/?>", re.S)
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _PATH = re.compile(
     r"(?<![\w/.:~@+-])(?:(?:~|\.{1,2})?/?[\w.@+-]+(?:/[\w.@+-]+)+"
@@ -136,7 +136,7 @@ class ExtractiveSummarizer:
                 yield TASK, prefix + _first_sentences(text, self.max_chars - len(prefix))
             elif role == "user":  # the person's own words, unless context handed over
                 if is_request(m) and not handed_over(messages, i):
-                    yield TASK, _abridge(_squash(_TAG.sub(" ", text)), self.max_request_chars)
+                    yield TASK, abridge(squash(TAG.sub(" ", text)), self.max_request_chars)
             elif text.strip():  # a legacy function result: its first sentences, as before
                 yield TASK, _first_sentences(text, self.max_chars)
 
@@ -145,7 +145,7 @@ class ExtractiveSummarizer:
     ) -> Iterator[tuple[str, str]]:
         line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
         if line:
-            yield ACTIONS, _abridge(_squash(line), self.max_chars)
+            yield ACTIONS, abridge(squash(line), self.max_chars)
         call_names.clear()
         for call in m.get("tool_calls") or []:
             fn = call.get("function") or {}
@@ -162,7 +162,7 @@ class ExtractiveSummarizer:
         picked = found if len(found) <= MAX_ERRORS_PER_OUTPUT else [*found[:2], found[-1]]
         for line, start in picked:
             shown = line if len(line) <= self.max_chars else line[max(0, start - 40) :]
-            yield ERRORS, _abridge(f"{name}: {_squash(shown)}", self.max_chars)
+            yield ERRORS, abridge(f"{name}: {squash(shown)}", self.max_chars)
             yield from ((FILES, p) for p in _paths(line))
         yield from ((FILES, p) for p in _TRACE_FILE.findall(text)[-MAX_ERRORS_PER_OUTPUT:])
 
@@ -189,7 +189,7 @@ class _Notes:
                 elif section and line.startswith("- "):
                     notes.add(section, line[2:])
                 else:  # a summary by another writer: keep its lines, whole
-                    notes.add(EARLIER, _squash(line.removeprefix("- ")))
+                    notes.add(EARLIER, squash(line.removeprefix("- ")))
         return notes
 
     def add(self, section: str, item: str) -> None:
@@ -225,7 +225,7 @@ class _Notes:
                 sizes[s] = 0
         if sum(sizes.values()) > budget and survive[TASK]:  # the first and the latest, abridged
             room = max(8, (budget - sum(sizes.values()) + sizes[TASK] - 60) // len(survive[TASK]))
-            survive[TASK] = [_abridge(i, room) for i in survive[TASK]]
+            survive[TASK] = [abridge(i, room) for i in survive[TASK]]
             chars[TASK] = sum(len(i) + 3 for i in survive[TASK])
             sizes[TASK] = _section_size(TASK, chars[TASK], omitted[TASK])
         blocks = [_render(s, survive[s], omitted[s]) for s in ORDER if sizes[s]]
@@ -239,7 +239,7 @@ def _state(messages: Sequence[Message], limit: int) -> str:
         if m.get("role") == "assistant":
             lines = [ln.strip() for ln in text_of(m).splitlines() if ln.strip()]
             if lines:
-                return _abridge(_squash(lines[-1]), limit)
+                return abridge(squash(lines[-1]), limit)
     return ""
 
 
@@ -281,23 +281,25 @@ def _section_size(section: str, item_chars: int, omitted: int) -> int:
     return len(section) + 2 + marker + item_chars + 1
 
 
-def _squash(text: str) -> str:
+def squash(text: str) -> str:
+    """`text` with every run of white space one space."""
     return " ".join(text.split())
 
 
-def _abridge(text: str, limit: int) -> str:
+def abridge(text: str, limit: int) -> str:
+    """`text`, or its first `limit` characters ending in an ellipsis."""
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def _first_sentences(text: str, limit: int) -> str:
     """The first sentence, and the next ones while the result is still short."""
-    sentences = _SENTENCE_END.split(_squash(_TAG.sub(" ", text)))
+    sentences = _SENTENCE_END.split(squash(TAG.sub(" ", text)))
     out = sentences[0]
     for s in sentences[1:]:
         if len(out) >= 80:
             break
         out = f"{out} {s}"
-    return _abridge(out, limit)
+    return abridge(out, limit)
 
 
 def _call(name: str, args: Any, limit: int) -> str:
@@ -308,14 +310,14 @@ def _call(name: str, args: Any, limit: int) -> str:
         except ValueError:
             parsed = args
     if isinstance(parsed, dict):
-        shown = ", ".join(f"{k}={_abridge(_json(v), 80)}" for k, v in parsed.items())
+        shown = ", ".join(f"{k}={abridge(_json(v), 80)}" for k, v in parsed.items())
     else:
-        shown = _abridge(_squash(str(parsed)), 80)
-    return _abridge(f"{name}({shown})", limit)
+        shown = abridge(squash(str(parsed)), 80)
+    return abridge(f"{name}({shown})", limit)
 
 
 def _json(value: Any) -> str:
-    return _squash(json.dumps(value, ensure_ascii=False, sort_keys=True))
+    return squash(json.dumps(value, ensure_ascii=False, sort_keys=True))
 
 
 def _error_lines(text: str) -> Iterator[tuple[str, int]]:
