@@ -36,7 +36,9 @@ def test_a_permanent_failure_opens_it_and_only_one_probe_follows_the_pause(
 
 def test_failures_while_open_do_not_lengthen_the_pause(store: Store) -> None:
     """Fifty calls in flight failing after it opened: still one failure, the base pause."""
-    breakers, provider = _breakers(store)
+    # a pause longer than fifty calls take on a loaded machine: all of them fail while it is
+    # open (with 0.2 s, late calls found it half-open and were a second, rightful, opening)
+    breakers, provider = Breakers(store.client, base_s=5.0, max_s=10.0), f"p{uuid.uuid4().hex[:12]}"
     results = run_threads(lambda i: breakers.trip(provider, "l", "LLMError"), 50)
     assert [opened for _, opened in results].count(True) == 1  # type: ignore[misc]
     assert breakers.state(provider).failures == 1
