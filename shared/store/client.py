@@ -150,6 +150,9 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.exceptions.ClusterError,  # redirections went round until their limit (resharding)
     redis.exceptions.SlotNotCoveredError,  # the topology changed under the client
     redis.exceptions.AskError,  # MOVED too: a cluster transaction does not follow redirections
+    # a script unknown to the node that got it: a new primary after a failover, whose script
+    # cache is empty, reached before the client has the new slot map to load it there
+    redis.exceptions.NoScriptError,
 )
 
 # What a guarded call catches: the faults, and redis-py's cluster client failing to read a
@@ -167,6 +170,7 @@ REFUSED: tuple[type[Exception], ...] = (
     redis.exceptions.SlotNotCoveredError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.BusyLoadingError,
+    redis.exceptions.NoScriptError,
 )
 
 # How long a call on a cluster client may retry when no request deadline says otherwise (a

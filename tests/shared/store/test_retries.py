@@ -85,6 +85,17 @@ def test_a_write_is_retried_after_a_redirection_but_not_after_a_dropped_reply(
     assert read.read() == "ok" and read.calls == 2
 
 
+def test_a_script_the_new_primary_does_not_know_is_run_again(cluster_client: Client) -> None:
+    """NOSCRIPT (a primary promoted after a failover has an empty script cache) is a refusal:
+    the write is run again, and once the retries run out it is a StoreUnavailable, not a bug."""
+    noscript = redis.exceptions.NoScriptError("No matching script. Please use EVAL.")
+    assert retryable(noscript, reads=False)
+    flaky = Flaky(cluster_client, noscript)
+    assert flaky.write() == "ok" and flaky.calls == 2
+    with pytest.raises(StoreUnavailable):
+        Flaky(cluster_client, noscript).write_across_slots()
+
+
 def test_a_write_across_slots_is_never_retried(cluster_client: Client) -> None:
     """A pipeline spanning nodes may have landed on one of them: even a redirection is reported
     at once, as StoreUnavailable, rather than applying that part twice."""
