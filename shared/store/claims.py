@@ -132,7 +132,7 @@ class Claims:
         if ticket is not None:
             InFlight.register_in(pipe, ticket, ttl)
         acks = self._records.replication.wait_in(pipe, ks[0])  # last: the replies keep their places
-        replies = pipe.execute()
+        replies = self._records.replication.execute(pipe, acks)
         reply = replies[0]
         if not reply[0]:
             return Claim(None, holder=text(reply[1]) if reply[1] is not None else None)
@@ -184,7 +184,7 @@ class Claims:
         eval_in(pipe, ADD, usage_keys, usage)
         eval_in(pipe, PUT, ks, args)
         acks = self._records.replication.wait_in(pipe, ks[0])
-        replies = pipe.execute()
+        replies = self._records.replication.execute(pipe, acks)
         self._records.replication.check(acks, replies[-1])
         return replies[1]
 

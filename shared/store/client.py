@@ -159,6 +159,8 @@ UNAVAILABLE: tuple[type[Exception], ...] = (
 # slot map (`topology_fault`; its other exceptions are bugs and pass).
 CAUGHT: tuple[type[Exception], ...] = (*UNAVAILABLE, RedisClusterException)
 CAUGHT_ASYNC: tuple[type[Exception], ...] = (*CAUGHT, OSError)  # asyncio's sockets raise these
+# an asyncio read also sees the loop's RuntimeError for a closed socket (`closed_transport`)
+CAUGHT_READ_ASYNC: tuple[type[Exception], ...] = (*CAUGHT_ASYNC, RuntimeError)
 
 # Refusals: the node did not run the command (a redirection, a failover under way, a replica
 # refusing a write, a node still loading), so running it again cannot apply it twice.
@@ -251,8 +253,10 @@ async def guarded_read_async(read: Callable[[], Awaitable[R]], client: Any) -> R
     while True:
         try:
             return await read()
-        except CAUGHT_ASYNC as exc:
+        except CAUGHT_READ_ASYNC as exc:
             if isinstance(exc, RedisClusterException) and not topology_fault(exc):
+                raise
+            if isinstance(exc, RuntimeError) and not closed_transport(exc):
                 raise
             await asyncio.sleep(_pause(exc, attempt, left, cluster))
             if _refresh_due(client):
@@ -278,6 +282,13 @@ def _clock() -> Callable[[], float]:
         return found
     until = time.monotonic() + RETRY_BUDGET_S
     return lambda: until - time.monotonic()
+
+
+def closed_transport(exc: BaseException) -> bool:
+    """Whether `exc` is the event loop refusing a write on a socket already closed (uvloop and
+    asyncio raise RuntimeError, which redis-py's asyncio connection passes on as it is, when a
+    killed node's connection is health-checked): a lost connection, not a bug."""
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
 
 
 def topology_fault(exc: BaseException) -> bool:

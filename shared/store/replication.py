@@ -92,6 +92,23 @@ class Replication:
         pipe.execute_command("WAIT", acks.needed, acks.timeout_ms, **where)
         return acks
 
+    def execute(self, pipe: Any, acks: Acks | None) -> list[Any]:
+        """`pipe`'s replies, its first error raised as `execute` would; but a WAIT refused (the
+        node it went to was demoted by a failover while the write was redirected to the new
+        primary: "WAIT cannot be used with replica instances") counts as no replica's
+        acknowledgement, so `check` answers `NotReplicated` ("may have landed")."""
+        replies: list[Any] = pipe.execute(raise_on_error=False)
+        waited = replies[-1] if acks is not None else None
+        for reply in replies:
+            if isinstance(reply, Exception) and reply is not waited:
+                raise reply
+        if isinstance(waited, redis.ResponseError):
+            log.warning("store.wait_refused", node=acks.node if acks else None)
+            replies[-1] = 0
+        elif isinstance(waited, Exception):
+            raise waited
+        return replies
+
     def check(self, acks: Acks | None, acked: Any) -> None:
         """`NotReplicated` if fewer replicas than `acks` asked for answered its WAIT."""
         if acks is None or int(acked) >= acks.needed:
@@ -122,7 +139,7 @@ class Replication:
             pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
             acks = self.wait_in(pipe, keys[0])
             try:
-                replies = pipe.execute()
+                replies = self.execute(pipe, acks)
             except redis.exceptions.NoScriptError:  # it never ran: load it, run it again
                 if attempt == 2:
                     raise

@@ -19,7 +19,7 @@ from shared.hashing import prefix_hashes
 from shared.settings import Settings
 from shared.store import Replication, Store, keys
 from shared.store.client import retry_within
-from shared.store.replication import healthy_replicas
+from shared.store.replication import Acks, healthy_replicas
 from shared.summaries.book import SummaryRecord
 from tests.builders import numbered_chat
 from tests.conftest import RETENTION_S
@@ -235,3 +235,32 @@ def test_on_a_cluster_a_killed_master_loses_no_acknowledged_append(tenant: str) 
             assert within(2.0, lambda: store.conversations.read(tenant, "c")) == msgs
         finally:
             store.close()
+
+
+class _Replied:
+    """A pipeline that has already run: `execute` gives `replies`, errors as values."""
+
+    def __init__(self, *replies: Any) -> None:
+        self.replies = list(replies)
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        assert not raise_on_error  # the WAIT's error must come back as a reply
+        return list(self.replies)
+
+
+def test_a_wait_refused_by_a_demoted_primary_is_not_replicated(redis_url: str) -> None:
+    """The write went to the new primary and its WAIT to the old one, now a replica: the
+    write may have landed, so the answer is NotReplicated, never a crash."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        replication = Replication(client, min_acks=1, socket_timeout_s=1.0)
+        acks = Acks(1, "old-primary", 100)
+        refused = redis.ResponseError("WAIT cannot be used with replica instances.")
+        replies = replication.execute(_Replied(1, refused), acks)
+        assert replies == [1, 0]
+        with pytest.raises(NotReplicated):
+            replication.check(acks, replies[-1])
+        with pytest.raises(redis.ResponseError):  # the write's own error stays the write's
+            replication.execute(_Replied(redis.ResponseError("ERR script"), 1), acks)
+    finally:
+        client.close()

@@ -13,6 +13,7 @@ from redis.exceptions import MovedError
 from shared.errors import StoreUnavailable
 from shared.store.client import (
     Client,
+    closed_transport,
     connect,
     guarded,
     guarded_once,
@@ -94,6 +95,18 @@ def test_a_script_the_new_primary_does_not_know_is_run_again(cluster_client: Cli
     assert flaky.write() == "ok" and flaky.calls == 2
     with pytest.raises(StoreUnavailable):
         Flaky(cluster_client, noscript).write_across_slots()
+
+
+def test_a_closed_socket_is_a_lost_connection_and_other_runtime_errors_are_bugs() -> None:
+    """The event loop's RuntimeError for a write on a closed transport (a killed node) is a
+    connection fault; any other RuntimeError is not."""
+    closed = RuntimeError(
+        "unable to perform operation on <TCPTransport closed=True reading=False>; "
+        "the handler is closed"
+    )
+    assert closed_transport(closed)
+    assert not closed_transport(RuntimeError("Event loop is closed"))
+    assert not closed_transport(ValueError("the handler is closed"))
 
 
 def test_a_write_across_slots_is_never_retried(cluster_client: Client) -> None:
