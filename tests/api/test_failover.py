@@ -86,7 +86,9 @@ def test_a_manual_failover_under_traffic_gives_no_500_and_loses_nothing(
     _run_until(t, 2.0)
     t.finish()
     assert t.count()[200] > 0
-    assert t.count()[503] == 0  # the redirections were followed within the deadline
+    # the redirections were followed within the deadline: a 503 only where a write's WAIT met
+    # the demoted primary, so no replica was known to hold it ("may have landed", resent exactly)
+    assert [a for a in t.answers if a.status == 503 and a.error != "NotReplicated"] == []
     assert cluster.primary_for(keys.conv_messages(tenant, t.conversations[0])) is not master
     _check(t, store, tenant)
 
