@@ -27,13 +27,13 @@ from api import errors, routes
 from api.auth import LOCAL_TENANT, OPEN_MODE_REFUSAL, KeyFirst, LoopbackOnly, is_loopback
 from api.deadline import RequestDeadline
 from api.deps import Services, get_tenant
-from api.enqueue import Enqueue
 from api.head import HeadAsGet
 from api.limits import BodyLimit
 from api.metrics import ShareCollector
 from api.proxy import routes as proxy_routes
 from api.proxy.services import ProxyServices
 from api.requestlog import RequestLogger
+from api.schedule import Enqueue
 from shared.errors import ConfigError
 from shared.logs import configure_logging, get_logger
 from shared.service.watchdog import Watchdog, forget_heartbeat

@@ -31,11 +31,11 @@ from redis.cluster import RedisCluster
 from api.auth import KeyRing
 from api.brokercheck import BrokerCheck, broker_check
 from api.cache import ConversationCache
-from api.enqueue import CeleryEnqueue, Enqueue, SummaryTrigger
 from api.metrics import Metrics, StoreCollector
 from api.policies import Policies
 from api.ratios import CachedRatios
 from api.requestlog import request_log
+from api.schedule import CeleryEnqueue, Enqueue, Scheduler
 from shared.counting.calibration import ScaledCounter
 from shared.counting.counters import HeuristicCounter, TokenCounter
 from shared.service.replica import replica_name
@@ -123,11 +123,12 @@ class Services:
         self.openings = Openings()  # the tenants' memory of repeated openings (prepare, proxy)
         # transcripts resent every turn (the proxy's) are validated in O(new)
         self.validated: ValidatedPrefixes[None] = ValidatedPrefixes()
-        self.trigger = SummaryTrigger(
+        self.scheduler = Scheduler(
             self.store,
             self.enqueue,
+            counter=self.base,
             on_sent=self.metrics.sent,
-            on_claimed=self.metrics.claimed,
+            on_scheduled=self.metrics.scheduled,
             queue=self.settings.summary_queue,
         )
         self.metrics.watch_store(

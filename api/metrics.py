@@ -105,9 +105,9 @@ class Metrics:
         self.enqueued = Counter(
             "prefit_summaries_enqueued", "summary jobs sent", ["kind"], registry=r
         )
-        self.claims = Counter(
-            "prefit_summary_claims",
-            "summary jobs claimed (sent or failed later)",
+        self.scheduled_jobs = Counter(
+            "prefit_summaries_scheduled",
+            "summary jobs scheduled (sent or refused later)",
             ["kind"],
             registry=r,
         )
@@ -170,9 +170,9 @@ class Metrics:
         elif record.route == APPEND_ROUTE:
             self.append.observe(seconds)
 
-    def claimed(self, kind: str) -> None:
-        """A summary job was claimed (its send follows, after the answer)."""
-        self.claims.labels(kind).inc()
+    def scheduled(self, kind: str) -> None:
+        """A summary job was scheduled (its send follows, after the answer)."""
+        self.scheduled_jobs.labels(kind).inc()
 
     def sent(self, kind: str, ok: bool) -> None:
         """A summary job was published (or failed to be)."""

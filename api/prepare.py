@@ -19,7 +19,6 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -28,10 +27,10 @@ from starlette.requests import Request
 from api.cache import Loaded
 from api.deadline import clock_of, within
 from api.deps import Services
-from api.enqueue import Reservation, size_step
 from api.payloads import incoming, incoming_tools, prepared_body
 from api.policies import Window
 from api.requestlog import RequestLog
+from api.schedule import PendingJob, Tip
 from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
 from shared.counting.calibration import ScaledCounter
 from shared.errors import InvalidRequest, StoreUnavailable
@@ -53,7 +52,7 @@ class Fitted:
 
     prepared: Prepared
     report: dict[str, Any]
-    claim: Reservation | None
+    pending: PendingJob | None
 
 
 class Preparer:
@@ -70,8 +69,8 @@ class Preparer:
         window: Window,
         rec: RequestLog,
         request: Request | None = None,
-    ) -> tuple[bytes, Reservation | None]:
-        """The answer, and a claimed summary job for the caller to send after it (if any)."""
+    ) -> tuple[bytes, PendingJob | None]:
+        """The answer, and a scheduled summary job for the caller to send after it (if any)."""
         tools = incoming_tools(req.tools, format=req.format)
         loaded, best, counter, degraded = await self._stored_state(tenant, conv_id, window)
         preambles = (  # the tenant's memory of openings (shared/store/openings.py)
@@ -105,7 +104,7 @@ class Preparer:
             format=req.format,
             loaded=loaded,
         )
-        return body, fitted.claim
+        return body, fitted.pending
 
     async def fit(
         self,
@@ -126,8 +125,8 @@ class Preparer:
     ) -> Fitted:
         """The stored prepare of `loaded` (the conversation `conv_id` as stored) with `best`.
 
-        Asks the workers for a due summary (the claim, for the caller to send) and waits up
-        to `wait_ms` for it; never calls an LLM. `degraded`: Redis did not answer, `loaded`
+        Schedules a due summary (`Scheduler.stale`; the caller sends it) and waits up to
+        `wait_ms` for it; never calls an LLM. `degraded`: Redis did not answer, `loaded`
         is this process's cached copy (nothing is asked for, nothing waited on).
         `preambles`: the tenant's learned preambles for this transcript.
         """
@@ -144,19 +143,20 @@ class Preparer:
         named = (tenant, conv_id)
         prepared = await _prepare(policy, loaded, named, tools, window, best, pressure)
         report = _report(prepared)
-        claim = None
+        pending = None
         if report["stale"] and not degraded:
-            extra = self.svc.base.count_tools(tools, window.model)
-            step = size_step(report["tokens_before"], report["budget"])
-            claim = await self._claim(tenant, conv_id, loaded, window, best, rec, extra, step)
+            tip = Tip(tenant, conv_id, window, loaded.length, loaded.hashes[-1], tools)
+            pending = await run_in_threadpool(self.svc.scheduler.stale, tip, report, best)
+            if pending is not None:
+                rec.enqueued = pending.kind
             newer = None
             if wait_ms > 0:
                 clock = clock_of(request) if request is not None else None
                 if clock is not None:  # the client asked to wait: not Redis being slow
                     clock.extend(wait_ms / 1000)
-                if claim is not None:  # sent now: the wait is for its result
-                    await run_in_threadpool(self.svc.trigger.send, claim)
-                    claim = None
+                if pending is not None:  # sent now: the wait is for its result
+                    await run_in_threadpool(self.svc.scheduler.send, pending)
+                    pending = None
                 newer = await self._wait(tenant, conv_id, best, tail, wait_ms, rec)
             if newer is not None:
                 prepared = await _prepare(policy, loaded, named, tools, window, newer, pressure)
@@ -165,7 +165,7 @@ class Preparer:
                 report["waited_ms"] = rec.waited_ms
         report["degraded"] = degraded
         _note(rec, report, degraded=degraded)
-        return Fitted(prepared, report, claim)
+        return Fitted(prepared, report, pending)
 
     async def _stored_state(
         self, tenant: str, conv_id: str, window: Window
@@ -280,35 +280,6 @@ class Preparer:
             scaled: ScaledCounter = await read
             return scaled
         return await within(read, until - time.monotonic())
-
-    async def _claim(
-        self,
-        tenant: str,
-        conv_id: str,
-        loaded: Loaded,
-        window: Window,
-        best: SummaryRecord | None,
-        rec: RequestLog,
-        extra_tokens: int,
-        step: int,
-    ) -> Reservation | None:
-        """Claim the due summary's job at high priority (None: claimed already, or no Redis)."""
-        job = window.job(tenant, conv_id, loaded.length, loaded.hashes[-1], extra_tokens)
-        try:
-            claim: Reservation | None = await run_in_threadpool(
-                partial(self.svc.trigger.claim, job, "stale", best, step=step)
-            )
-        except StoreUnavailable as exc:  # the answer stands without it; the next prepare asks
-            log.warning(
-                "summary.trigger_failed",
-                tenant=tenant,
-                conversation_id=conv_id,
-                error=type(exc).__name__,
-            )
-            return None
-        if claim is not None:
-            rec.enqueued = "stale"
-        return claim
 
     async def _wait(
         self,

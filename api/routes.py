@@ -63,9 +63,9 @@ def _limit(svc: Services, **fields: Any) -> None:
 
 def _after(rec: RequestLog, sizes: Sizes, background: BackgroundTasks, svc: Services) -> None:
     rec.length = sizes.length
-    if sizes.claim is not None:
-        rec.enqueued = sizes.claim.kind
-        background.add_task(svc.trigger.send, sizes.claim)  # after the answer is sent
+    if sizes.pending is not None:
+        rec.enqueued = sizes.pending.kind
+        background.add_task(svc.scheduler.send, sizes.pending)  # after the answer is sent
 
 
 def _state(conv_id: str, sizes: Sizes) -> ConversationState:
@@ -165,9 +165,11 @@ async def prepare_conversation(
     rec.conversation_id = conversation_id
     _limit(svc, tools=body.tools)
     window = resolve_window(svc.settings, body.model, body.max_input_tokens)
-    content, claim = await Preparer(svc).stored(tenant, conversation_id, body, window, rec, request)
-    if claim is not None:
-        background.add_task(svc.trigger.send, claim)
+    content, pending = await Preparer(svc).stored(
+        tenant, conversation_id, body, window, rec, request
+    )
+    if pending is not None:
+        background.add_task(svc.scheduler.send, pending)
     return Response(content, media_type=JSON, background=background)
 
 

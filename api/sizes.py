@@ -1,7 +1,7 @@
 """A stored conversation's size against the trigger, after a write or on a read.
 
 What it reports: tokens, effective tokens (head + best summary + the rest), state, and the
-summary job to ask for when it nears the trigger (once per state).
+summary job scheduled when it nears the trigger (api/schedule.py).
 
 After a write the numbers come from what the write script measured in the same call; when
 it could not (the append landed after other writers', or the tally had to be dropped) they
@@ -14,20 +14,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from api.deps import Services
-from api.enqueue import Reservation, size_step
 from api.policies import Window
+from api.schedule import PendingJob, Tip
 from api.views import View, known_tail_start, read_view
 from shared.counting.calibration import ScaledCounter, scale
-from shared.errors import NotFound, StoreUnavailable
-from shared.logs import get_logger
+from shared.errors import NotFound
 from shared.messages import ToolSpec
 from shared.policy import State
-from shared.service.jobs import SummaryJob
 from shared.store.writes import Written
 from shared.summaries.book import SummaryRecord
 from shared.summaries.incremental import summary_message
-
-log = get_logger(__name__)
 
 # (upto, head) -> base tokens of the first `upto` and of the first `head` messages
 Cum = Callable[[int, int], tuple[int, int]]
@@ -42,7 +38,7 @@ class Sizes:
     effective_tokens: int
     state: State
     best: SummaryRecord | None
-    claim: Reservation | None = None  # a summary job to send once the answer is out
+    pending: PendingJob | None = None  # a summary job to send once the answer is out
 
 
 @dataclass(frozen=True)
@@ -116,18 +112,16 @@ class Sizing:
         tools: Sequence[ToolSpec],
         m: Measure,
     ) -> Sizes:
-        """Tokens, effective tokens and state in `window`; claims the summary job if due."""
+        """Tokens, effective tokens and state in `window`; schedules the summary job if due."""
         extra = self.base.count([], tools, window.model)  # tool specs + priming
         tokens = scale(scaled.ratio, m.total + extra)
         effective = scale(scaled.ratio, self.effective(m) + extra)
         policy = self.svc.policies.get(window, scaled)
         state = policy.state(effective, window.model)
-        claim = None
-        if state != "under":
-            extra_tools = self.base.count_tools(tools, window.model)
-            job = window.job(tenant, conv_id, m.length, m.last_hash, extra_tools)
-            claim = self._claim(job, m.best, size_step(effective, policy.budget(window.model)))
-        return Sizes(m.length, tokens, effective, state, m.best, claim)
+        tip = Tip(tenant, conv_id, window, m.length, m.last_hash, tools)
+        budget = policy.budget(window.model)
+        pending = self.svc.scheduler.ahead(tip, state, effective, budget, m.best)
+        return Sizes(m.length, tokens, effective, state, m.best, pending)
 
     def effective(self, m: Measure) -> int:
         """Base tokens of [head][summary][rest], as `ContextPolicy.effective_tokens` counts."""
@@ -136,15 +130,3 @@ class Sizing:
         upto_tokens, head_tokens = m.cum(m.best.upto, m.head)
         summary = self.base.count_message(summary_message(m.best, m.head))
         return m.total - upto_tokens + head_tokens + summary
-
-    def _claim(self, job: SummaryJob, best: SummaryRecord | None, step: int) -> Reservation | None:
-        try:
-            return self.svc.trigger.claim(job, "ahead", best, step=step)
-        except StoreUnavailable as exc:  # the write is stored; the next trigger asks again
-            log.warning(
-                "summary.trigger_failed",
-                tenant=job.tenant,
-                conversation_id=job.conversation_id,
-                error=type(exc).__name__,
-            )
-            return None

@@ -88,7 +88,7 @@ def test_a_transcript_on_a_cluster_store_and_rabbitmq_is_served_from_summaries_m
     assert store.usage.get(tenant).summaries == made  # copied, not summarized again
     assert whole.json()["report"]["summary"]["upto"] == reports[-1]["summary"]["upto"]
 
-    # no text, no record, no copy left (enqueue markers and leases just expire: ids only)
+    # no text, no record, no copy left (pending-job markers and leases just expire: ids only)
     left = tenant_keys(store.client, tenant)
     text = (":msgs", ":hashes", ":meta", ":summaries", ":tally")
     assert [k for k in left if k.endswith(text) or ":rec:" in k or ":dir:" in k] == []

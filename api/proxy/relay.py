@@ -15,7 +15,7 @@ stored prepare itself: the best cached summary record and the cheap strategies, 
 call, never a wait. A retry after an overflow fits the same transcript again at a lower
 pressure. Without Redis the request is still fitted, from the cheap strategies and the last
 calibration ratio seen (`degraded`). After the answer, `settle` syncs the store to the
-transcript and sends the summary jobs claimed on the way.
+transcript and sends the summary jobs scheduled on the way (api/schedule.py).
 
 The transcript against the stored conversation (`open_conversation`, `sync`). Clients resend
 the whole transcript each turn, so the stored one is almost always a prefix of it.
@@ -58,7 +58,6 @@ from api.codec import dumps, loads
 from api.conversations import Conversations, Sizes
 from api.deadline import upstream_wait
 from api.deps import Services
-from api.enqueue import Reservation
 from api.policies import Window, resolve_window
 from api.prepare import Preparer
 from api.proxy.dialects import Asked, Dialect
@@ -79,6 +78,7 @@ from api.proxy.overflow import (
 from api.proxy.streaming import OpenedStream, Tap, error_event, passthrough
 from api.proxy.upstream import passed_back, upstream_failure, upstream_headers
 from api.requestlog import RequestLog
+from api.schedule import PendingJob
 from shared.errors import (
     ConfigError,
     DoesNotFit,
@@ -202,7 +202,7 @@ class Fitter:
     opened: Opened | None = None  # what the store holds, once read
     degraded: bool = False  # Redis was unreachable: cheap strategies only
     preambles: frozenset[str] = frozenset()  # the tenant's learned ones (store/openings.py)
-    claims: list[Reservation] = field(default_factory=list)  # summary jobs to send after the sync
+    pending: list[PendingJob] = field(default_factory=list)  # summary jobs to send after the sync
 
     async def first(self, pressure: float = 1.0) -> Fit:
         """The first attempt's fit, at `pressure` (below 1 when the conversation's overflows
@@ -265,8 +265,8 @@ class Fitter:
             except StoreUnavailable:
                 self._degrade()
             else:
-                if fitted.claim is not None:
-                    self.claims.append(fitted.claim)
+                if fitted.pending is not None:
+                    self.pending.append(fitted.pending)
                 return Fit(fitted.prepared.messages, fitted.report, ratio)
         return await self._cheap(pressure)
 
@@ -318,7 +318,7 @@ class Fitter:
         return Fit(prepared.messages, report, counter.ratio)
 
     def settle(self) -> None:
-        """Sync the store to the transcript, then send the claimed summary jobs (threadpool)."""
+        """Sync the store to the transcript, then send the scheduled summary jobs (threadpool)."""
         hashes = self.opened.loaded.hashes if self.opened is not None else None
         try:
             sizes = sync(
@@ -339,10 +339,9 @@ class Fitter:
                 error=type(exc).__name__,
             )
             return
-        if sizes.claim is not None:
-            self.claims.append(sizes.claim)
-        for claim in self.claims:
-            self.svc.trigger.send(claim)
+        if sizes.pending is not None:
+            self.pending.append(sizes.pending)
+        self.svc.scheduler.send_all(self.pending)
 
     def _degrade(self) -> None:
         self.opened = None

@@ -1,4 +1,4 @@
-"""The Redis store: conversations, records, calibration, usage, dead letters, leases, faults.
+"""The Redis store: conversations, records, calibration, usage, dead letters, leases, jobs, faults.
 
 All parts share one sync client (thread safe; FastAPI handlers call it from the threadpool): a
 `redis.Redis`, or a `RedisCluster` with `PREFIT_REDIS_CLUSTER=true` (shared/store/client.py;
@@ -29,6 +29,7 @@ from shared.store.conversations import Conversation, ConversationMeta, Conversat
 from shared.store.deadletters import DeadLetter, DeadLetters
 from shared.store.inflight import InFlight, Ticket
 from shared.store.leases import HeldLease, Lease
+from shared.store.pending import Pending
 from shared.store.records import RecordStore
 from shared.store.replication import Replication
 from shared.store.unsent import Unsent, UnsentJob
@@ -51,6 +52,7 @@ __all__ = [
     "HeldLease",
     "InFlight",
     "Lease",
+    "Pending",
     "Range",
     "RecordStore",
     "RedisRatios",
@@ -80,6 +82,7 @@ class Store:
     inflight: InFlight
     breakers: Breakers
     blocks: Blocks
+    pending: Pending
     unsent: Unsent
 
     @classmethod
@@ -114,6 +117,7 @@ class Store:
             inflight=InFlight(client),
             breakers=Breakers(client, base_s=backoff, max_s=backoff_max),
             blocks=Blocks(client, base_s=backoff, max_s=backoff_max),
+            pending=Pending(client),
             unsent=Unsent(client),
         )
 

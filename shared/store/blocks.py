@@ -6,8 +6,8 @@ attempt at the range counts against one budget, kept in Redis and shared by ever
 retry that plans it (`max_redeliveries`), so neither a retry nor a new job starts the count
 over. When it is spent, or at once for a permanent error, the range is *blocked*: until the
 block expires, the conversation's jobs that start from that origin end without calling, and
-the API enqueues none (`claim_enqueue`). A block lasts `base_s` the first time, twice as long
-each time the conversation is blocked again, up to `max_s`. A record written for the
+the API schedules none (`shared.store.pending`). A block lasts `base_s` the first time, twice
+as long each time the conversation is blocked again, up to `max_s`. A record written for the
 conversation meanwhile (another origin) lifts it, and so do deleting the conversation and
 replacing its transcript with one that no longer holds the blocked range's prefix.
 """
@@ -39,17 +39,6 @@ redis.call('HSET', KEYS[2], 'from', ARGV[1], 'upto', ARGV[2], 'prefix_hash', ARG
            'error', ARGV[4])
 redis.call('PEXPIRE', KEYS[2], pause)
 return {n, pause}
-"""
-
-# KEYS: blocked, marker, marker index. ARGV: origin, marker ttl ms.
-# -> -1 blocked, 1 claimed, 0 claimed before. The index (a SET of marker keys, living as long
-# as its longest marker) lets a delete drop every marker of the conversation.
-ENQUEUE = """
-if redis.call('HGET', KEYS[1], 'from') == ARGV[1] then return -1 end
-if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then return 0 end
-redis.call('SADD', KEYS[3], KEYS[2])
-if redis.call('PTTL', KEYS[3]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[3], ARGV[2]) end
-return 1
 """
 
 MAX_ERROR_CHARS = 300
@@ -130,18 +119,3 @@ class Blocks:
         f = {text(k): text(v) for k, v in raw.items()}
         rng = Range(f["from"], int(f["upto"]), f["prefix_hash"])
         return Block(rng, f.get("error", ""), max(0, int(pttl)) / 1000)
-
-    @guarded
-    def claim_enqueue(self, tenant: str, conv_id: str, marker: str, source: str, ttl: float) -> int:
-        """The enqueue marker (conversation, `marker`), unless a block stops jobs from `source`.
-
-        Lets 50 triggers for one conversation state enqueue one task: only the caller that
-        gets 1 enqueues (0: claimed already within `ttl`; -1: the conversation's range from
-        `source`, an origin, is blocked: enqueue nothing). `Lease.clear_enqueue` drops it.
-        """
-        ks = [
-            keys.conv_blocked(tenant, conv_id),
-            keys.conv_pending(tenant, conv_id, marker),
-            keys.conv_pending_index(tenant, conv_id),
-        ]
-        return int(self._r.eval(ENQUEUE, 3, *ks, source, ttl_ms(ttl)))

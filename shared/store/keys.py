@@ -8,7 +8,7 @@ The braces in every key are a Redis Cluster hash tag: keys with the same tag sha
 every Lua script and MULTI may only touch one slot. Three kinds of tag:
 
 - `{<tenant>/<conversation>}`: everything of one conversation (messages, prefix hashes, tally,
-  metadata, its summary records and their index, the lease, enqueue markers, attempt budgets
+  metadata, its summary records and their index, the lease, pending-job markers, attempt budgets
   and blocks). A conversation's scripts stay in its slot, and a tenant's conversations spread
   over the whole cluster.
 - `{<tenant>}`: what belongs to the tenant as a whole: calibration ratios, usage, dead letters,
@@ -125,7 +125,7 @@ def conv_pending(tenant: str, conv_id: str, marker: str) -> str:
 
 
 def conv_pending_index(tenant: str, conv_id: str) -> str:
-    """SET of the conversation's enqueue marker keys, so a delete can drop them all."""
+    """SET of the conversation's pending-job marker keys, so a delete can drop them all."""
     return f"{_conv(tenant, conv_id)}:pending-index"
 
 

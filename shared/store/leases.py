@@ -43,7 +43,7 @@ MAX_OWNER_CHARS = 200
 
 
 class Lease:
-    """Conversation leases and enqueue markers of every tenant, on one Redis client."""
+    """Conversation leases of every tenant, on one Redis client."""
 
     def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._r = client
@@ -92,11 +92,6 @@ class Lease:
         if not self.acquire(tenant, conv_id, owner, ttl):
             return None
         return HeldLease(self, tenant, conv_id, owner, ttl, valid_until=started + ttl)
-
-    @guarded
-    def clear_enqueue(self, tenant: str, conv_id: str, key: str) -> None:
-        """Drop an enqueue marker (`Blocks.claim_enqueue`) so a later trigger can enqueue again."""
-        self._r.delete(keys.conv_pending(tenant, conv_id, key))
 
     @property
     def clock(self) -> Callable[[], float]:

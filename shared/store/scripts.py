@@ -215,7 +215,7 @@ return {1, n, record, at_upto, at_head, dropped}
 )
 
 # KEYS: msgs, hashes, meta, index, then any other per-conversation keys to drop.
-# ARGV: record prefix, then optionally the enqueue marker index (also among KEYS) whose
+# ARGV: record prefix, then optionally the pending-job marker index (also among KEYS) whose
 # markers go too. -> {existed (0/1), the prefix hashes of the records dropped}.
 DELETE = """
 local existed = redis.call('EXISTS', KEYS[3])

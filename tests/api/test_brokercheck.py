@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from api.app import create_app
 from api.brokercheck import AmqpBroker, RedisBroker, broker_check
-from api.enqueue import CeleryEnqueue
+from api.schedule import CeleryEnqueue
 from shared.commands.redisproc import free_port
 from shared.service.broker import connection_name
 from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob

@@ -119,13 +119,13 @@ def _total(metrics: str, name: str) -> float:
 
 
 def _settled(clients: list[httpx.Client], finished: Callable[[], int]) -> bool:
-    """Every job each API claimed is published, and every published one has run to its end."""
+    """Every job each API scheduled is published, and every published one has run to its end."""
     sent = 0.0
     for client in clients:
         m = client.get("/metrics").text
         published = _total(m, "prefit_summaries_enqueued_total")
         failed = _total(m, "prefit_summary_enqueue_failures_total")
-        if _total(m, "prefit_summary_claims_total") != published + failed:
+        if _total(m, "prefit_summaries_scheduled_total") != published + failed:
             return False
         sent += published
     return finished() >= sent

@@ -107,7 +107,7 @@ def test_stale_prepare_waits_for_the_summary(
         if priority == PRIORITY_STALE:
             threading.Timer(0.1, store.records.put, (tenant, cid, record)).start()
 
-    client.app.state.services.trigger._enqueue = worker  # type: ignore[attr-defined]
+    client.app.state.services.scheduler._enqueue = worker  # type: ignore[attr-defined]
     started = time.monotonic()
     r = client.post(f"/v1/conversations/{cid}/prepare", json={"model": model, "wait_ms": 5000})
     report = r.json()["report"]

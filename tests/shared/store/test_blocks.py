@@ -6,8 +6,6 @@ import time
 
 from shared.hashing import prefix_hashes
 from shared.store import Blocks, Range, Store
-from shared.store.blocks import origin
-from shared.summaries.book import SummaryRecord
 from tests.builders import numbered_chat
 from tests.shared.store.helpers import run_threads
 
@@ -52,42 +50,16 @@ def test_each_new_block_of_a_conversation_lasts_twice_as_long(store: Store, tena
     assert pauses == [0.3, 0.6, 1.0]
 
 
-def test_the_api_enqueues_nothing_from_a_blocked_origin(store: Store, tenant: str) -> None:
-    """A blocked origin refuses the claim; another origin (a record written since) is claimed."""
-    blocks = _blocks(store)
-    blocks.fail(tenant, "c1", RANGE, "E", limit=0, permanent=True)
-    assert blocks.claim_enqueue(tenant, "c1", "stale-none-3", "none", 15) == -1
-    record = SummaryRecord(upto=9, prefix_hash="v1:" + "b" * 32, text="s")
-    assert origin(record) == "b" * 32 and origin(None) == "none"
-    assert blocks.claim_enqueue(tenant, "c1", "stale-bbb-3", origin(record), 15) == 1
-    assert blocks.claim_enqueue(tenant, "c1", "stale-bbb-3", origin(record), 15) == 0
-    assert blocks.claim_enqueue(tenant, "c2", "stale-none-3", "none", 15) == 1  # other conv
-
-
 def test_deleting_the_conversation_lifts_its_block(store: Store, tenant: str) -> None:
     """A conversation deleted and made again under its id is not blocked by the old one's
     dead-lettered range (origin 'none' would otherwise match its first summary too)."""
     blocks = _blocks(store)
     blocks.fail(tenant, "c1", RANGE, "E", limit=0, permanent=True)
     store.conversations.append(tenant, "c1", [{"role": "user", "content": "hi"}])
-    assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == -1
+    assert store.pending.mark(tenant, "c1", "m1", "none", 5.0) == -1
     store.conversations.delete(tenant, "c1")
     assert blocks.get(tenant, "c1") is None
-    assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == 1
-
-
-def test_deleting_the_conversation_drops_its_enqueue_markers(store: Store, tenant: str) -> None:
-    """A conversation deleted and made again under its id gets its summary job at once: the
-    old one's enqueue markers (up to 120 s) go with it, and only its own."""
-    blocks = _blocks(store)
-    store.conversations.append(tenant, "c1", [{"role": "user", "content": "hi"}])
-    assert blocks.claim_enqueue(tenant, "c1", "ahead-none-1", "none", 120.0) == 1
-    assert blocks.claim_enqueue(tenant, "c1", "stale-none-1", "none", 15.0) == 1
-    assert blocks.claim_enqueue(tenant, "c2", "ahead-none-1", "none", 120.0) == 1
-    store.conversations.delete(tenant, "c1")
-    assert blocks.claim_enqueue(tenant, "c1", "ahead-none-1", "none", 120.0) == 1
-    assert blocks.claim_enqueue(tenant, "c1", "stale-none-1", "none", 15.0) == 1
-    assert blocks.claim_enqueue(tenant, "c2", "ahead-none-1", "none", 120.0) == 0
+    assert store.pending.mark(tenant, "c1", "m1", "none", 5.0) == 1
 
 
 def test_replacing_with_unrelated_content_lifts_the_block(store: Store, tenant: str) -> None:
@@ -102,4 +74,4 @@ def test_replacing_with_unrelated_content_lifts_the_block(store: Store, tenant: 
     assert blocks.get(tenant, "c1") is not None
     store.conversations.replace(tenant, "c1", numbered_chat(6, "other"))
     assert blocks.get(tenant, "c1") is None
-    assert blocks.claim_enqueue(tenant, "c1", "m1", "none", 5.0) == 1
+    assert store.pending.mark(tenant, "c1", "m1", "none", 5.0) == 1

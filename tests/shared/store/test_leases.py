@@ -1,4 +1,4 @@
-"""Leases and enqueue markers: exclusive, owner-only renew/release, background renewal."""
+"""Leases: exclusive, owner-only renew/release, background renewal."""
 
 from __future__ import annotations
 
@@ -92,15 +92,3 @@ def test_held_lease_counts_as_lost_once_ttl_passes_unrenewed(store: Store, tenan
     with pytest.raises(LeaseLost):
         held.check()
     held.close()
-
-
-def test_claim_enqueue_once_per_key(store: Store, tenant: str) -> None:
-    """Fifty triggers for one (conversation, target) claim it once; clearing re-opens it."""
-    blocks = store.blocks
-    results = run_threads(lambda i: blocks.claim_enqueue(tenant, "c", "upto-40", "none", 60), 50)
-    assert results.count(1) == 1 and results.count(0) == 49
-    assert blocks.claim_enqueue(tenant, "c", "upto-41", "none", 60) == 1
-    pttl = store.client.pttl(keys.conv_pending(tenant, "c", "upto-40"))
-    assert 0 < pttl <= 60_000
-    store.leases.clear_enqueue(tenant, "c", "upto-40")
-    assert blocks.claim_enqueue(tenant, "c", "upto-40", "none", 60) == 1

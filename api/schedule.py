@@ -1,15 +1,27 @@
-"""Asking the workers for a summary: by task name, deduplicated, never blocking a request long.
+"""When the API asks the workers for a summary, and the asking: the one home of both.
+
+The decision is in two places of one request's life, both here (`Scheduler`):
+- *ahead*, after a write (an append, a PUT, the proxy's sync): once the conversation's
+  effective tokens (head + best record + the rest) reach `(trigger - precompute_at) x budget`,
+  state `nearing` or `over` (`ContextPolicy.state`), a job is scheduled at normal priority, so
+  the record is ready before a prepare needs it;
+- *stale*, at a prepare: when the policy served the prompt while a better record was due and
+  not ready (`ContextPolicy.summary_due`, the report's `stale`), at high priority.
+What range the job summarizes, and whether it is still due when a worker runs it, is the
+policy's `plan_summary` (shared/service/precompute.py): a job scheduled early finds nothing
+to do and ends.
+
+A conversation state is scheduled once: the state (the marker, `shared.store.pending`) is
+the kind, the record the conversation is served from now, and its size in steps of 5% of the
+budget, so a job the worker found not due yet is asked for again once the conversation has
+grown a step (or the marker expired). A conversation whose summary from its current record
+was dead-lettered lately is not asked for until that block expires (the same round trip;
+`shared.store.blocks`). The marker is set in the request and the `PendingJob` sent after the
+response (a Celery publish costs milliseconds), or at once when the caller waits for the
+record; the request succeeds whatever the broker does.
 
 The API never imports the worker package: it sends `prefit.summarize` by name on a bare
-Celery app pointed at the broker. A `SummaryTrigger` enqueues at most once per conversation
-state. The state (the dedupe marker) is the kind of request (ahead of time, or stale at
-prepare), the summary record the conversation is served from now, and its size in steps of
-5% of the budget: a worker may find a job not due yet, and the conversation is asked for
-again once it has grown a step (or the marker expired). A conversation whose summary from its
-current record was dead-lettered lately is not asked for until that block expires (the same
-round trip; `shared.store.blocks`). The marker is claimed in the request
-and the job published after the response (a Celery publish costs milliseconds); the request
-succeeds whatever the broker does. A send the broker refuses clears its marker and keeps the
+Celery app pointed at the broker. A send the broker refuses clears its marker and keeps the
 job in Redis (`shared.store.unsent`): the workers' reapers send it once the broker is back,
 so the conversation needs no new turn; `summary.enqueue_failed` is logged once per
 conversation until then (`summary.enqueue_kept` at debug level for later refusals).
@@ -20,13 +32,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from api.brokercheck import ENQUEUED_MS
+from api.policies import Window
+from shared.counting.counters import HeuristicCounter
+from shared.counting.protocol import MessageCounter
 from shared.errors import StoreUnavailable
 from shared.logs import get_logger
+from shared.messages import ToolSpec
+from shared.policy import State
 from shared.service.broker import celery_options
 from shared.service.broker import priority as priority_for
 from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, TASK_NAME, SummaryJob
@@ -115,20 +132,33 @@ class CeleryEnqueue:
 
 
 @dataclass(frozen=True)
-class Reservation:
-    """The right to send one job: its dedupe marker is set, the send is still to come."""
+class Tip:
+    """The conversation a job would summarize: whose, measured in which window, up to where."""
+
+    tenant: str
+    conv_id: str
+    window: Window
+    length: int
+    last_hash: str
+    tools: Sequence[ToolSpec] = ()
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """A scheduled summary job: its marker is set, its send is still to come."""
 
     job: SummaryJob
     kind: Kind
     marker: str
 
 
-class SummaryTrigger:
-    """Enqueue summary jobs once per (conversation, kind, current record).
+class Scheduler:
+    """Schedules summary jobs once per (conversation, kind, current record, size step).
 
-    `claim` (in the request) sets the dedupe marker; `send` (after the response, in the
-    background, or inline when the caller waits for the summary) publishes the job. A send
-    that fails clears the marker so the next trigger claims again; it never raises.
+    `ahead` (after a write) and `stale` (at a prepare) decide and set the marker in the
+    request; `send` (after the response, in the background, or inline when the caller waits
+    for the summary) publishes the job. A send that fails clears the marker so the next
+    trigger schedules again; it never raises.
     """
 
     def __init__(
@@ -136,61 +166,103 @@ class SummaryTrigger:
         store: Store,
         enqueue: Enqueue,
         *,
+        counter: MessageCounter | None = None,
         on_sent: Callable[[Kind, bool], None] | None = None,
-        on_claimed: Callable[[Kind], None] | None = None,
+        on_scheduled: Callable[[Kind], None] | None = None,
         queue: str = "summaries",
     ) -> None:
         self._store = store
         self._enqueue = enqueue
+        self._counter = counter or HeuristicCounter()  # the tool specs' tokens, for the job
         self._queue = queue  # where a refused job is kept for the reapers
         self._on_sent = on_sent
-        self._on_claimed = on_claimed
+        self._on_scheduled = on_scheduled
 
-    def claim(
+    def ahead(
+        self, tip: Tip, state: State, effective: int, budget: int, best: SummaryRecord | None
+    ) -> PendingJob | None:
+        """After a write that leaves `tip` nearing or over the trigger (`state`, at
+        `effective` tokens of `budget`): its job, at normal priority, once per state."""
+        if state == "under":
+            return None
+        return self._guarded(tip, "ahead", best, size_step(effective, budget))
+
+    def stale(
+        self, tip: Tip, report: Mapping[str, Any], best: SummaryRecord | None
+    ) -> PendingJob | None:
+        """At a prepare whose `report` says a summary was due and not ready: its job, at high
+        priority, once per state."""
+        if not report.get("stale"):
+            return None
+        return self._guarded(
+            tip, "stale", best, size_step(report["tokens_before"], report["budget"])
+        )
+
+    def schedule(
         self, job: SummaryJob, kind: Kind, best: SummaryRecord | None, *, step: int
-    ) -> Reservation | None:
-        """A `Reservation` unless a job for this state was claimed already (`StoreUnavailable`
-        passes).
+    ) -> PendingJob | None:
+        """A `PendingJob` unless this state was scheduled already or its range is blocked
+        (`StoreUnavailable` passes).
 
         `step` is the conversation's size in coarse steps (see `size_step`): growth by a step
         is a new state, so a job the worker found not due yet is asked again as it grows.
         """
         marker = marker_for(kind, best, step)
-        ttl = MARKER_TTL_S[kind]
         tenant, conv_id = job.tenant, job.conversation_id
-        claimed = self._store.blocks.claim_enqueue(tenant, conv_id, marker, origin(best), ttl)
-        if claimed < 0:  # its summary failed lately (shared.store.blocks): not before the backoff
-            log.debug("summary.enqueue_blocked", tenant=tenant, conversation_id=conv_id, kind=kind)
+        marked = self._store.pending.mark(tenant, conv_id, marker, origin(best), MARKER_TTL_S[kind])
+        if marked < 0:  # its summary failed lately (shared.store.blocks): not before the backoff
+            log.debug("summary.schedule_blocked", tenant=tenant, conversation_id=conv_id, kind=kind)
             return None
-        if not claimed:
+        if not marked:
             return None
-        if self._on_claimed is not None:
-            self._on_claimed(kind)
-        return Reservation(job, kind, marker)
+        if self._on_scheduled is not None:
+            self._on_scheduled(kind)
+        return PendingJob(job, kind, marker)
 
-    def send(self, claim: Reservation) -> bool:
-        """Publish the claimed job; True if the broker took it."""
-        job = claim.job
-        ids = {"tenant": job.tenant, "conversation_id": job.conversation_id, "kind": claim.kind}
+    def send(self, pending: PendingJob) -> bool:
+        """Publish the scheduled job; True if the broker took it."""
+        job = pending.job
+        ids = {"tenant": job.tenant, "conversation_id": job.conversation_id, "kind": pending.kind}
         try:
-            self._enqueue(job, PRIORITY[claim.kind])
+            self._enqueue(job, PRIORITY[pending.kind])
         except Exception as exc:  # broker down (StoreUnavailable) or a faulty enqueue hook
-            first = self._keep(claim)
+            first = self._keep(pending)
             event = "summary.enqueue_failed" if first else "summary.enqueue_kept"
             (log.warning if first else log.debug)(event, **ids, error=type(exc).__name__)
             with contextlib.suppress(StoreUnavailable):  # else the marker expires on its own
-                self._store.leases.clear_enqueue(job.tenant, job.conversation_id, claim.marker)
-            self._sent(claim.kind, False)
+                self._store.pending.clear(job.tenant, job.conversation_id, pending.marker)
+            self._sent(pending.kind, False)
             return False
-        log.debug("summary.enqueued", **ids, length=job.length, priority=PRIORITY[claim.kind])
-        self._sent(claim.kind, True)
+        log.debug("summary.enqueued", **ids, length=job.length, priority=PRIORITY[pending.kind])
+        self._sent(pending.kind, True)
         return True
 
-    def _keep(self, claim: Reservation) -> bool:
+    def send_all(self, pending: Sequence[PendingJob]) -> None:
+        """Publish each scheduled job (after the answer)."""
+        for one in pending:
+            self.send(one)
+
+    def _guarded(
+        self, tip: Tip, kind: Kind, best: SummaryRecord | None, step: int
+    ) -> PendingJob | None:
+        """`schedule` for `tip`; without Redis nothing (the answer stands, the next trigger
+        schedules again)."""
+        extra = self._counter.count_tools(tip.tools, tip.window.model)
+        job = tip.window.job(tip.tenant, tip.conv_id, tip.length, tip.last_hash, extra)
+        try:
+            return self.schedule(job, kind, best, step=step)
+        except StoreUnavailable as exc:
+            ids = {"tenant": tip.tenant, "conversation_id": tip.conv_id, "kind": kind}
+            log.warning("summary.schedule_failed", **ids, error=type(exc).__name__)
+            return None
+
+    def _keep(self, pending: PendingJob) -> bool:
         """Keep the refused job for the reapers; True if it is the conversation's first (or it
         could not be kept: Redis is failing too, and that is worth a line each time)."""
         try:
-            return self._store.unsent.keep(self._queue, claim.job.to_kwargs(), PRIORITY[claim.kind])
+            return self._store.unsent.keep(
+                self._queue, pending.job.to_kwargs(), PRIORITY[pending.kind]
+            )
         except StoreUnavailable:
             return True
 

@@ -1,5 +1,6 @@
-"""Enqueueing summary jobs: by name, on the priority lists of Redis or the queue RabbitMQ
-declares as the workers do; deduplicated, fail-safe."""
+"""Scheduling summary jobs: when (ahead after a write, stale at a prepare); by name, on the
+priority lists of Redis or the queue RabbitMQ declares as the workers do; deduplicated,
+fail-safe."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import pytest
 import redis
 from kombu.connection import Connection
 
-from api.enqueue import CeleryEnqueue, SummaryTrigger, marker_for, size_step
+from api.policies import Window
+from api.schedule import CeleryEnqueue, Scheduler, Tip, marker_for, size_step
 from shared.commands.redisproc import free_port
 from shared.errors import StoreUnavailable
+from shared.messages import ToolSpec
 from shared.service.broker import connection_name
 from shared.service.jobs import PRIORITY_AHEAD, PRIORITY_STALE, SummaryJob
 from shared.settings import Settings
@@ -56,30 +59,30 @@ def test_celery_enqueue_fails_fast_without_a_broker(tenant: str) -> None:
     assert time.monotonic() - started < 5
 
 
-def test_trigger_claims_once_per_state(store: Store, tenant: str) -> None:
-    """One claim per (conversation, kind, record in use, size step); each is a new state."""
+def test_a_state_is_scheduled_once(store: Store, tenant: str) -> None:
+    """One job per (conversation, kind, record in use, size step); each is a new state."""
     recorder = Recorder()
-    claimed: list[str] = []
-    trigger = SummaryTrigger(store, recorder, on_claimed=claimed.append)
-    first = trigger.claim(job(tenant), "ahead", None, step=40)
-    assert first is not None and trigger.claim(job(tenant), "ahead", None, step=40) is None
-    assert trigger.claim(job(tenant), "stale", None, step=40) is not None
+    scheduled: list[str] = []
+    scheduler = Scheduler(store, recorder, on_scheduled=scheduled.append)
+    first = scheduler.schedule(job(tenant), "ahead", None, step=40)
+    assert first is not None and scheduler.schedule(job(tenant), "ahead", None, step=40) is None
+    assert scheduler.schedule(job(tenant), "stale", None, step=40) is not None
     record = SummaryRecord(3, "v1:" + "cd" * 16, "s")
-    assert trigger.claim(job(tenant), "ahead", record, step=40) is not None
-    assert trigger.claim(job(tenant), "ahead", record, step=41) is not None
-    assert claimed == ["ahead", "stale", "ahead", "ahead"]
-    assert trigger.send(first) is True and recorder.jobs == [(job(tenant), PRIORITY_AHEAD)]
+    assert scheduler.schedule(job(tenant), "ahead", record, step=40) is not None
+    assert scheduler.schedule(job(tenant), "ahead", record, step=41) is not None
+    assert scheduled == ["ahead", "stale", "ahead", "ahead"]
+    assert scheduler.send(first) is True and recorder.jobs == [(job(tenant), PRIORITY_AHEAD)]
 
 
-def test_failed_send_frees_the_claim(store: Store, tenant: str) -> None:
-    """A send the broker refuses clears its marker, so the next trigger claims again."""
+def test_failed_send_frees_the_state(store: Store, tenant: str) -> None:
+    """A send the broker refuses clears its marker, so the next trigger schedules again."""
     recorder = Recorder(fail=True)
     sent: list[tuple[str, bool]] = []
-    trigger = SummaryTrigger(store, recorder, on_sent=lambda kind, ok: sent.append((kind, ok)))
-    claim = trigger.claim(job(tenant), "ahead", None, step=1)
-    assert claim is not None and trigger.send(claim) is False
+    scheduler = Scheduler(store, recorder, on_sent=lambda kind, ok: sent.append((kind, ok)))
+    pending = scheduler.schedule(job(tenant), "ahead", None, step=1)
+    assert pending is not None and scheduler.send(pending) is False
     assert sent == [("ahead", False)]
-    assert trigger.claim(job(tenant), "ahead", None, step=1) is not None
+    assert scheduler.schedule(job(tenant), "ahead", None, step=1) is not None
 
 
 def test_a_refused_job_is_kept_for_the_reapers_and_logged_once(
@@ -88,16 +91,68 @@ def test_a_refused_job_is_kept_for_the_reapers_and_logged_once(
     """With the broker down, every refused send keeps the conversation's latest job in Redis
     (one entry per conversation) and only the first is logged as `summary.enqueue_failed`."""
     queue = f"q-{tenant}"
-    trigger = SummaryTrigger(store, Recorder(fail=True), queue=queue)
+    scheduler = Scheduler(store, Recorder(fail=True), queue=queue)
     for step in (1, 2, 3):  # the conversation grows while the broker is down
-        claim = trigger.claim(job(tenant), "ahead", None, step=step)
-        assert claim is not None and trigger.send(claim) is False
-    other = trigger.claim(job(tenant, "c2"), "stale", None, step=1)
-    assert other is not None and trigger.send(other) is False
+        pending = scheduler.schedule(job(tenant), "ahead", None, step=step)
+        assert pending is not None and scheduler.send(pending) is False
+    other = scheduler.schedule(job(tenant, "c2"), "stale", None, step=1)
+    assert other is not None and scheduler.send(other) is False
     kept = {(j.conversation_id, j.priority) for j in store.unsent.due(queue, 10)}
     assert kept == {("c1", PRIORITY_AHEAD), ("c2", PRIORITY_STALE)}
     said = capsys.readouterr()
     assert (said.out + said.err).count("summary.enqueue_failed") == 2
+
+
+WINDOW = Window("m", 10_000, 1_000)  # budget 9000
+TOOL: ToolSpec = {"name": "read_file", "description": "Read a file.", "parameters": {}}
+
+
+def tip(tenant: str, length: int = 4) -> Tip:
+    return Tip(tenant, "c1", WINDOW, length, "v1:" + "ab" * 16, [TOOL])
+
+
+def test_a_write_schedules_ahead_once_the_conversation_nears_the_trigger(
+    store: Store, tenant: str
+) -> None:
+    """Under the trigger nothing; nearing or over, an ahead job for this tip (its tool specs
+    counted), once per size step."""
+    scheduler = Scheduler(store, Recorder())
+    assert scheduler.ahead(tip(tenant), "under", 6_000, 9_000, None) is None
+    first = scheduler.ahead(tip(tenant), "nearing", 6_800, 9_000, None)
+    assert first is not None and first.kind == "ahead" and first.marker == "ahead-none-15"
+    assert (first.job.length, first.job.max_input_tokens, first.job.model) == (4, 10_000, "m")
+    assert first.job.extra_tokens > 0  # the tool spec the job's prompt carries
+    assert scheduler.ahead(tip(tenant, 5), "nearing", 6_900, 9_000, None) is None  # same step
+    assert scheduler.ahead(tip(tenant, 6), "over", 7_300, 9_000, None) is not None  # next step
+
+
+def test_a_prepare_schedules_stale_only_when_its_report_says_so(store: Store, tenant: str) -> None:
+    """A report not stale schedules nothing; a stale one a high-priority job at its size."""
+    recorder = Recorder()
+    scheduler = Scheduler(store, recorder)
+    report = {"stale": False, "tokens_before": 8_000, "budget": 9_000}
+    assert scheduler.stale(tip(tenant), report, None) is None
+    pending = scheduler.stale(tip(tenant), {**report, "stale": True}, None)
+    assert pending is not None and pending.marker == "stale-none-17"
+    scheduler.send_all([pending])
+    assert recorder.jobs == [(pending.job, PRIORITY_STALE)]
+
+
+def test_without_redis_nothing_is_scheduled_and_the_caller_goes_on(
+    tenant: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A marker Redis cannot set schedules nothing (no job sent twice later) and says so."""
+    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_socket_timeout_s=0.2)
+    down = Store.from_url(settings.redis_url, settings, connect_timeout=0.2)
+    recorder = Recorder()
+    scheduler = Scheduler(down, recorder)
+    assert scheduler.ahead(tip(tenant), "over", 8_000, 9_000, None) is None
+    with pytest.raises(StoreUnavailable):
+        scheduler.schedule(
+            tip(tenant).window.job(tenant, "c1", 4, "v1:" + "ab" * 16, 0), "stale", None, step=1
+        )
+    said = capsys.readouterr()
+    assert "summary.schedule_failed" in said.out + said.err and recorder.jobs == []
 
 
 def test_size_steps_are_five_percent_of_the_budget() -> None:
@@ -106,20 +161,20 @@ def test_size_steps_are_five_percent_of_the_budget() -> None:
     assert marker_for("stale", None, 37) == "stale-none-37"
 
 
-def test_no_job_is_claimed_for_a_conversation_whose_summary_was_dead_lettered(
+def test_no_job_is_scheduled_for_a_conversation_whose_summary_was_dead_lettered(
     store: Store, tenant: str
 ) -> None:
     """While its range is blocked, stale prepares of the same state enqueue nothing; a record
     written since (another origin) or another conversation still gets its job."""
     rng = Range("none", 3, "v1:" + "ef" * 16)
     store.blocks.fail(tenant, "c1", rng, "LLMError: HTTP 401", limit=5, permanent=True)
-    trigger = SummaryTrigger(store, Recorder())
+    scheduler = Scheduler(store, Recorder())
     for step in (40, 41, 42):  # growing, re-triggered: still the same origin
-        assert trigger.claim(job(tenant), "stale", None, step=step) is None
-    assert trigger.claim(job(tenant), "ahead", None, step=40) is None
+        assert scheduler.schedule(job(tenant), "stale", None, step=step) is None
+    assert scheduler.schedule(job(tenant), "ahead", None, step=40) is None
     record = SummaryRecord(3, "v1:" + "cd" * 16, "s")
-    assert trigger.claim(job(tenant), "stale", record, step=40) is not None
-    assert trigger.claim(job(tenant, "c2"), "stale", None, step=40) is not None
+    assert scheduler.schedule(job(tenant), "stale", record, step=40) is not None
+    assert scheduler.schedule(job(tenant, "c2"), "stale", None, step=40) is not None
 
 
 def amqp_settings(amqp_url: str) -> Settings:
