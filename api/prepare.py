@@ -30,7 +30,7 @@ from api.deps import Services
 from api.payloads import incoming, incoming_tools, prepared_body
 from api.policies import Window
 from api.requestlog import RequestLog
-from api.schedule import PendingJob, Tip
+from api.schedule import JobScope, PendingJob
 from api.schemas import ObserveRequest, PrepareRequest, PrepareStoredRequest
 from shared.counting.calibration import ScaledCounter
 from shared.errors import InvalidRequest, StoreUnavailable
@@ -145,8 +145,8 @@ class Preparer:
         report = _report(prepared)
         pending = None
         if report["stale"] and not degraded:
-            tip = Tip(tenant, conv_id, window, loaded.length, loaded.hashes[-1], tools)
-            pending = await run_in_threadpool(self.svc.scheduler.stale, tip, report, best)
+            scope = JobScope(tenant, conv_id, window, loaded.length, loaded.hashes[-1], tools)
+            pending = await run_in_threadpool(self.svc.scheduler.stale, scope, report, best)
             if pending is not None:
                 rec.enqueued = pending.kind
             newer = None

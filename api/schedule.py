@@ -132,7 +132,7 @@ class CeleryEnqueue:
 
 
 @dataclass(frozen=True)
-class Tip:
+class JobScope:
     """The conversation a job would summarize: whose, measured in which window, up to where."""
 
     tenant: str
@@ -179,23 +179,23 @@ class Scheduler:
         self._on_scheduled = on_scheduled
 
     def ahead(
-        self, tip: Tip, state: State, effective: int, budget: int, best: SummaryRecord | None
+        self, scope: JobScope, state: State, effective: int, budget: int, best: SummaryRecord | None
     ) -> PendingJob | None:
-        """After a write that leaves `tip` nearing or over the trigger (`state`, at
+        """After a write that leaves `scope` nearing or over the trigger (`state`, at
         `effective` tokens of `budget`): its job, at normal priority, once per state."""
         if state == "under":
             return None
-        return self._guarded(tip, "ahead", best, size_step(effective, budget))
+        return self._guarded(scope, "ahead", best, size_step(effective, budget))
 
     def stale(
-        self, tip: Tip, report: Mapping[str, Any], best: SummaryRecord | None
+        self, scope: JobScope, report: Mapping[str, Any], best: SummaryRecord | None
     ) -> PendingJob | None:
         """At a prepare whose `report` says a summary was due and not ready: its job, at high
         priority, once per state."""
         if not report.get("stale"):
             return None
         return self._guarded(
-            tip, "stale", best, size_step(report["tokens_before"], report["budget"])
+            scope, "stale", best, size_step(report["tokens_before"], report["budget"])
         )
 
     def schedule(
@@ -243,16 +243,16 @@ class Scheduler:
             self.send(one)
 
     def _guarded(
-        self, tip: Tip, kind: Kind, best: SummaryRecord | None, step: int
+        self, scope: JobScope, kind: Kind, best: SummaryRecord | None, step: int
     ) -> PendingJob | None:
-        """`schedule` for `tip`; without Redis nothing (the answer stands, the next trigger
+        """`schedule` for `scope`; without Redis nothing (the answer stands, the next trigger
         schedules again)."""
-        extra = self._counter.count_tools(tip.tools, tip.window.model)
-        job = tip.window.job(tip.tenant, tip.conv_id, tip.length, tip.last_hash, extra)
+        extra = self._counter.count_tools(scope.tools, scope.window.model)
+        job = scope.window.job(scope.tenant, scope.conv_id, scope.length, scope.last_hash, extra)
         try:
             return self.schedule(job, kind, best, step=step)
         except StoreUnavailable as exc:
-            ids = {"tenant": tip.tenant, "conversation_id": tip.conv_id, "kind": kind}
+            ids = {"tenant": scope.tenant, "conversation_id": scope.conv_id, "kind": kind}
             log.warning("summary.schedule_failed", **ids, error=type(exc).__name__)
             return None
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from api.deps import Services
 from api.policies import Window
-from api.schedule import PendingJob, Tip
+from api.schedule import JobScope, PendingJob
 from api.views import View, known_tail_start, read_view
 from shared.counting.calibration import ScaledCounter, scale
 from shared.errors import NotFound
@@ -118,9 +118,9 @@ class Sizing:
         effective = scale(scaled.ratio, self.effective(m) + extra)
         policy = self.svc.policies.get(window, scaled)
         state = policy.state(effective, window.model)
-        tip = Tip(tenant, conv_id, window, m.length, m.last_hash, tools)
+        scope = JobScope(tenant, conv_id, window, m.length, m.last_hash, tools)
         budget = policy.budget(window.model)
-        pending = self.svc.scheduler.ahead(tip, state, effective, budget, m.best)
+        pending = self.svc.scheduler.ahead(scope, state, effective, budget, m.best)
         return Sizes(m.length, tokens, effective, state, m.best, pending)
 
     def effective(self, m: Measure) -> int:

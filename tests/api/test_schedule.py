@@ -12,7 +12,7 @@ import redis
 from kombu.connection import Connection
 
 from api.policies import Window
-from api.schedule import CeleryEnqueue, Scheduler, Tip, marker_for, size_step
+from api.schedule import CeleryEnqueue, JobScope, Scheduler, marker_for, size_step
 from shared.commands.redisproc import free_port
 from shared.errors import StoreUnavailable
 from shared.messages import ToolSpec
@@ -107,23 +107,23 @@ WINDOW = Window("m", 10_000, 1_000)  # budget 9000
 TOOL: ToolSpec = {"name": "read_file", "description": "Read a file.", "parameters": {}}
 
 
-def tip(tenant: str, length: int = 4) -> Tip:
-    return Tip(tenant, "c1", WINDOW, length, "v1:" + "ab" * 16, [TOOL])
+def scope(tenant: str, length: int = 4) -> JobScope:
+    return JobScope(tenant, "c1", WINDOW, length, "v1:" + "ab" * 16, [TOOL])
 
 
 def test_a_write_schedules_ahead_once_the_conversation_nears_the_trigger(
     store: Store, tenant: str
 ) -> None:
-    """Under the trigger nothing; nearing or over, an ahead job for this tip (its tool specs
+    """Under the trigger nothing; nearing or over, an ahead job for this scope (its tool specs
     counted), once per size step."""
     scheduler = Scheduler(store, Recorder())
-    assert scheduler.ahead(tip(tenant), "under", 6_000, 9_000, None) is None
-    first = scheduler.ahead(tip(tenant), "nearing", 6_800, 9_000, None)
+    assert scheduler.ahead(scope(tenant), "under", 6_000, 9_000, None) is None
+    first = scheduler.ahead(scope(tenant), "nearing", 6_800, 9_000, None)
     assert first is not None and first.kind == "ahead" and first.marker == "ahead-none-15"
     assert (first.job.length, first.job.max_input_tokens, first.job.model) == (4, 10_000, "m")
     assert first.job.extra_tokens > 0  # the tool spec the job's prompt carries
-    assert scheduler.ahead(tip(tenant, 5), "nearing", 6_900, 9_000, None) is None  # same step
-    assert scheduler.ahead(tip(tenant, 6), "over", 7_300, 9_000, None) is not None  # next step
+    assert scheduler.ahead(scope(tenant, 5), "nearing", 6_900, 9_000, None) is None  # same step
+    assert scheduler.ahead(scope(tenant, 6), "over", 7_300, 9_000, None) is not None  # next step
 
 
 def test_a_prepare_schedules_stale_only_when_its_report_says_so(store: Store, tenant: str) -> None:
@@ -131,8 +131,8 @@ def test_a_prepare_schedules_stale_only_when_its_report_says_so(store: Store, te
     recorder = Recorder()
     scheduler = Scheduler(store, recorder)
     report = {"stale": False, "tokens_before": 8_000, "budget": 9_000}
-    assert scheduler.stale(tip(tenant), report, None) is None
-    pending = scheduler.stale(tip(tenant), {**report, "stale": True}, None)
+    assert scheduler.stale(scope(tenant), report, None) is None
+    pending = scheduler.stale(scope(tenant), {**report, "stale": True}, None)
     assert pending is not None and pending.marker == "stale-none-17"
     scheduler.send_all([pending])
     assert recorder.jobs == [(pending.job, PRIORITY_STALE)]
@@ -146,10 +146,10 @@ def test_without_redis_nothing_is_scheduled_and_the_caller_goes_on(
     down = Store.from_url(settings.redis_url, settings, connect_timeout=0.2)
     recorder = Recorder()
     scheduler = Scheduler(down, recorder)
-    assert scheduler.ahead(tip(tenant), "over", 8_000, 9_000, None) is None
+    assert scheduler.ahead(scope(tenant), "over", 8_000, 9_000, None) is None
     with pytest.raises(StoreUnavailable):
         scheduler.schedule(
-            tip(tenant).window.job(tenant, "c1", 4, "v1:" + "ab" * 16, 0), "stale", None, step=1
+            scope(tenant).window.job(tenant, "c1", 4, "v1:" + "ab" * 16, 0), "stale", None, step=1
         )
     said = capsys.readouterr()
     assert "summary.schedule_failed" in said.out + said.err and recorder.jobs == []
