@@ -142,7 +142,8 @@ def test_without_redis_nothing_is_scheduled_and_the_caller_goes_on(
     tenant: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A marker Redis cannot set schedules nothing (no job sent twice later) and says so."""
-    settings = Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0", redis_socket_timeout_s=0.2)
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens: standalone whatever the pass
+    settings = Settings(redis_url=url, redis_cluster=False, redis_socket_timeout_s=0.2)
     down = Store.from_url(settings.redis_url, settings, connect_timeout=0.2)
     recorder = Recorder()
     scheduler = Scheduler(down, recorder)

@@ -32,6 +32,7 @@ from api.app import create_app
 from api.proxy.upstream import UpstreamShare
 from shared.commands.redisproc import RedisProcess
 from shared.errors import OverShare
+from shared.settings import Settings
 from shared.store import Store
 from tests.api.conftest import Recorder
 from tests.api.proxy.conftest import Proxy, proxy_settings, serving, wait_for
@@ -43,6 +44,7 @@ TEXT = "".join(WORDS)
 # the fast tests' deadline, so a provider of 1.5 s outlasts it: at 0.5 s a cold app's first
 # request on a loaded 2-core machine once spent it before the provider was called (503)
 FAST_DEADLINE_S = 1.0
+DEFAULT_S = Settings.model_fields["request_deadline_s"].default  # what a deployment runs on
 
 Ask = Callable[[Proxy, bool], str]
 
@@ -134,7 +136,8 @@ def test_answers_after_seconds_reach_the_client_at_the_default_deadline(
 ) -> None:
     """The default 2 s deadline; a provider answering after 3.5 s or 25 s (a long reply):
     every API's client gets the whole answer."""
-    with slow(redis_url, tenant, model, recorder, Pace(headers=seconds)) as proxy:
+    pace = Pace(headers=seconds)
+    with slow(redis_url, tenant, model, recorder, pace, request_deadline_s=DEFAULT_S) as proxy:
         assert proxy.settings.request_deadline_s == 2.0
         assert all_apis(proxy, stream=False) == dict.fromkeys(ASKS, TEXT)
 
@@ -145,7 +148,7 @@ def test_a_stream_with_long_pauses_reaches_the_client_at_the_default_deadline(
 ) -> None:
     """A stream opening after 3.5 s, then pausing 3 s twice: whole, on every API."""
     pace = Pace(headers=3.5, events=0.01, pauses={2: 3.0, 4: 3.0})
-    with slow(redis_url, tenant, model, recorder, pace) as proxy:
+    with slow(redis_url, tenant, model, recorder, pace, request_deadline_s=DEFAULT_S) as proxy:
         assert all_apis(proxy, stream=True) == dict.fromkeys(ASKS, TEXT)
 
 
