@@ -149,9 +149,7 @@ def test_without_redis_nothing_is_scheduled_and_the_caller_goes_on(
     scheduler = Scheduler(down, recorder)
     assert scheduler.ahead(scope(tenant), "over", 8_000, 9_000, None) is None
     with pytest.raises(StoreUnavailable):
-        scheduler.schedule(
-            scope(tenant).window.job(tenant, "c1", 4, "v1:" + "ab" * 16, 0), "stale", None, step=1
-        )
+        scheduler.schedule(job(tenant), "stale", None, step=1)
     said = capsys.readouterr()
     assert "summary.schedule_failed" in said.out + said.err and recorder.jobs == []
 
